@@ -1,0 +1,31 @@
+# Quick start: `make run` (execute the course) and `make test` (unit tests + every notebook).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+PROFILE ?= ci
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup run test lab notebooks clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install.sh
+	bash scripts/install.sh $(PYTHON) $(VENV)
+	@touch $(STAMP)
+
+run: setup  ## execute every solution notebook (PROFILE=ci|full), write build/executed and build/html
+	$(VENV)/bin/pdlab course run --profile $(PROFILE)
+
+test: setup  ## unit tests + papermill execution of every solution and student notebook
+	$(VENV)/bin/pytest -q
+
+lab: setup  ## open JupyterLab on the course with the project's kernel
+	$(VENV)/bin/pdlab course kernel
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --notebook-dir .
+
+notebooks: setup  ## regenerate notebooks/ and labs/ (student copies) from solutions/
+	$(VENV)/bin/pdlab course build
+
+clean:
+	rm -rf build .pytest_cache

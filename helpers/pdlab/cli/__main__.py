@@ -1,0 +1,5 @@
+import sys
+
+from pdlab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""Exercise checks: clear pass / fail / not-attempted messages for the notebooks' exercises.
+
+An exercise cell first sets its answer variable to ``None``; the student replaces the
+``raise NotImplementedError`` that follows with code. The check cell after it calls a
+``check_*`` function, which reports "not attempted" for ``None`` and never stops the notebook,
+unless ``PDLAB_STRICT_CHECKS=1`` (set when the solutions are executed in tests and course runs),
+where anything but a pass raises ``AssertionError``.
+
+Per-notebook checks live in submodules (``pdlab.exercises.nb02`` for notebook 02, ...).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CheckResult", "check_close", "check_true", "report", "strict_mode", "PASSED", "FAILED",
+           "NOT_ATTEMPTED"]
+
+PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
+_SYMBOL = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⏳"}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one exercise check."""
+
+    exercise: str
+    status: str
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    def __str__(self) -> str:
+        return f"{_SYMBOL[self.status]} {self.exercise}: {self.status.upper()} — {self.message}"
+
+
+def strict_mode() -> bool:
+    """True when ``PDLAB_STRICT_CHECKS=1``: a check that does not pass raises."""
+    return os.environ.get("PDLAB_STRICT_CHECKS", "") == "1"
+
+
+def report(result: CheckResult) -> CheckResult:
+    """Print a result; in strict mode raise AssertionError unless it passed."""
+    print(result)
+    if strict_mode() and not result.passed:
+        raise AssertionError(str(result))
+    return result
+
+
+def check_close(exercise: str, value: Any, expected: float, *, rel_tol: float = 0.02,
+                unit: str = "", hint: str = "") -> CheckResult:
+    """Check a numeric answer within a relative tolerance; ``None`` means not attempted."""
+    if value is None:
+        return report(CheckResult(exercise, NOT_ATTEMPTED, "set the answer variable and run the cell"))
+    try:
+        got = float(value)
+    except (TypeError, ValueError):
+        return report(CheckResult(exercise, FAILED, f"expected a number, got {type(value).__name__}"))
+    if math.isclose(got, expected, rel_tol=rel_tol):
+        return report(CheckResult(exercise, PASSED, f"{got:,.6g} {unit} (within {rel_tol:.0%})".strip()))
+    msg = f"got {got:,.6g} {unit}, not within {rel_tol:.0%} of the expected value."
+    return report(CheckResult(exercise, FAILED, f"{msg} {hint}".strip()))
+
+
+def check_true(exercise: str, value: Any, ok: bool, *, good: str, bad: str) -> CheckResult:
+    """Report a pass when ``ok`` holds (``value`` None = not attempted)."""
+    if value is None:
+        return report(CheckResult(exercise, NOT_ATTEMPTED, "set the answer variable and run the cell"))
+    return report(CheckResult(exercise, PASSED if ok else FAILED, good if ok else bad))

@@ -1,0 +1,147 @@
+"""GPU and interconnect catalogs, and detection of the device this code runs on.
+
+Units: FLOP/s (dense), bytes/s (decimal, 1 GB/s = 1e9 B/s), link bandwidth per direction.
+Every catalog entry names its ``source`` and a ``confidence`` mark (V/S/U/C), see ``data/catalog/``.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdlab.catalog import load_yaml, lookup
+
+__all__ = [
+    "GPU",
+    "Link",
+    "get_gpu",
+    "get_link",
+    "list_gpus",
+    "list_links",
+    "detect_device",
+    "DTYPE_BYTES",
+    "dtype_bytes",
+]
+
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of a dtype name (``bf16`` → 2); ValueError names the known dtypes."""
+    try:
+        return DTYPE_BYTES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}") from None
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator from the catalog. FLOP/s are dense peaks; bandwidths in bytes/s."""
+
+    key: str
+    name: str
+    bf16_flops: float
+    fp16_flops: float
+    fp8_flops: float | None
+    hbm_bytes_per_s: float
+    memory_gb: float
+    nvlink_bytes_per_s: float | None
+    pcie_gen: int
+    tdp_w: float
+    price_per_hour: float | None
+    source: str
+    confidence: str
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def memory_bytes(self) -> float:
+        """Device memory in bytes (decimal GB × 1e9)."""
+        return self.memory_gb * 1e9
+
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        """Dense peak FLOP/s for a dtype; fp8 on a GPU without fp8 raises ValueError."""
+        dtype = dtype.lower()
+        if dtype in ("bf16", "fp16"):
+            return self.bf16_flops if dtype == "bf16" else self.fp16_flops
+        if dtype == "fp8":
+            if self.fp8_flops is None:
+                raise ValueError(f"{self.name} has no FP8 tensor cores")
+            return self.fp8_flops
+        if dtype == "fp32":  # tensor-core TF32 is not FP32; use half of bf16 as a rough bound
+            return self.bf16_flops / 2
+        raise ValueError(f"no peak FLOP/s for dtype {dtype!r}")
+
+    def ridge_point(self, dtype: str = "bf16") -> float:
+        """Arithmetic intensity (FLOP/byte) where the roofline turns from memory- to compute-bound."""
+        return self.peak_flops(dtype) / self.hbm_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Link:
+    """One interconnect. ``bytes_per_s`` is per direction (decimal)."""
+
+    key: str
+    name: str
+    bytes_per_s: float
+    kind: str
+    source: str
+    confidence: str
+
+    @property
+    def gbit_per_s(self) -> float:
+        """Line rate in Gbit/s (decimal)."""
+        return self.bytes_per_s * 8 / 1e9
+
+
+def get_gpu(name: str) -> GPU:
+    """Look up a GPU by catalog name (``h100-sxm``); unknown names raise UnknownNameError."""
+    key, entry = lookup("GPU", load_yaml("gpus.yaml"), name)
+    fields = {k: entry.get(k) for k in GPU.__dataclass_fields__ if k not in ("key", "extra")}
+    extra = {k: v for k, v in entry.items() if k not in fields}
+    return GPU(key=key, extra=extra, **fields)
+
+
+def get_link(name: str) -> Link:
+    """Look up an interconnect by catalog name (``ib-ndr``); unknown names raise UnknownNameError."""
+    key, entry = lookup("link", load_yaml("links.yaml"), name)
+    return Link(key=key, **{k: entry[k] for k in Link.__dataclass_fields__ if k != "key"})
+
+
+def list_gpus() -> list[GPU]:
+    """All catalog GPUs, in catalog order."""
+    return [get_gpu(k) for k in load_yaml("gpus.yaml")]
+
+
+def list_links() -> list[Link]:
+    """All catalog links, in catalog order."""
+    return [get_link(k) for k in load_yaml("links.yaml")]
+
+
+def detect_device() -> dict[str, Any]:
+    """Describe the compute device here: ``{"kind": "cuda"|"cpu", "name", "count", "torch"}``.
+
+    Falls back to the CPU when torch or CUDA is absent; never assumes a GPU.
+    """
+    info: dict[str, Any] = {"kind": "cpu", "name": platform.processor() or platform.machine(),
+                            "count": 1, "torch": None}
+    try:
+        import torch
+    except ImportError:
+        return info
+    info["torch"] = torch.__version__
+    if torch.cuda.is_available():
+        info.update(kind="cuda", name=torch.cuda.get_device_name(0), count=torch.cuda.device_count())
+    else:
+        try:
+            with open("/proc/cpuinfo") as fh:
+                for line in fh:
+                    if line.startswith("model name"):
+                        info["name"] = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        import os
+
+        info["count"] = os.cpu_count() or 1
+    return info
