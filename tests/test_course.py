@@ -1,0 +1,95 @@
+"""The notebook pipeline: generated copies in sync, no outputs committed, stubs and export."""
+
+from __future__ import annotations
+
+import subprocess
+
+import nbformat
+import pytest
+
+from pdlab import course
+from pdlab.paths import repo_root
+
+ROOT = repo_root()
+
+
+def _nb(*cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = list(cells)
+    for i, c in enumerate(nb.cells):
+        c["id"] = f"c{i}"
+    return nb
+
+
+def test_committed_student_copies_match_the_generator():
+    stale = course.out_of_sync(ROOT)
+    assert not stale, f"student copies out of date, run `make notebooks`: {stale}"
+
+
+def test_committed_notebooks_carry_no_outputs():
+    tracked = subprocess.run(["git", "ls-files", "*.ipynb"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert tracked, "no notebooks are tracked"
+    assert course.notebooks_with_outputs(ROOT / p for p in tracked) == []
+
+
+def test_student_copy_replaces_solution_and_drops_solution_cells():
+    code = nbformat.v4.new_code_cell(
+        "# Exercise 3: compute the KV bytes\nanswer = None\nif True:\n    ### BEGIN SOLUTION\n    answer = 42\n"
+        "    ### END SOLUTION\nprint(answer)")
+    secret = nbformat.v4.new_markdown_cell("The answer is 42.")
+    secret.metadata["tags"] = ["solution"]
+    out = course.student_copy(_nb(code, secret), "solutions/notebooks/x.ipynb")
+    assert "Generated file" in out.cells[0].source and "solutions/notebooks/x.ipynb" in out.cells[0].source
+    assert len(out.cells) == 2
+    src = out.cells[1].source
+    assert 'raise NotImplementedError("Exercise 3: compute the KV bytes")' in src
+    assert "    raise" in src and "42" not in src and "print(answer)" in src
+    assert out.cells[1].metadata["tags"] == ["raises-exception"]
+
+
+def test_unbalanced_markers_are_an_error():
+    cell = nbformat.v4.new_code_cell("### BEGIN SOLUTION\nx = 1\n")
+    with pytest.raises(ValueError, match="without"):
+        course.student_copy(_nb(cell), "bad.ipynb")
+
+
+def test_generator_is_deterministic():
+    src = course.solution_notebooks(ROOT)[0]
+    nb = nbformat.read(src, as_version=4)
+    a = nbformat.writes(course.student_copy(nb, "s"))
+    b = nbformat.writes(course.student_copy(nbformat.read(src, as_version=4), "s"))
+    assert a == b
+
+
+def test_strip_outputs_and_detection(tmp_path):
+    cell = nbformat.v4.new_code_cell("1+1")
+    cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "2"}, execution_count=1)]
+    cell.execution_count = 1
+    path = tmp_path / "x.ipynb"
+    nbformat.write(_nb(cell), path)
+    assert course.notebooks_with_outputs([path])
+    assert course.strip_outputs([path]) == [path]
+    assert course.notebooks_with_outputs([path]) == []
+
+
+def test_export_writes_html_and_markdown_without_input(tmp_path):
+    code = nbformat.v4.new_code_cell("secret_code = 1")
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text="visible result\n")]
+    md = nbformat.v4.new_markdown_cell("# Write-up\nSome prose.")
+    path = tmp_path / "w.ipynb"
+    nbformat.write(_nb(md, code), path)
+    html = course.export(path, to="html", out=tmp_path / "w.html", no_input=True)
+    text = html.read_text()
+    assert "visible result" in text and "Some prose" in text and "secret_code" not in text
+    mdout = course.export(path, to="markdown", out=tmp_path / "w.md")
+    assert "secret_code" in mdout.read_text()
+
+
+def test_run_reports_failure_for_a_broken_notebook(tmp_path):
+    params = nbformat.v4.new_code_cell('PROFILE = "ci"')
+    params.metadata["tags"] = ["parameters"]
+    boom = nbformat.v4.new_code_cell("raise RuntimeError('broken on purpose')")
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(_nb(params, boom), path)
+    res = course.run_notebook(path, tmp_path / "out.ipynb", profile="ci")
+    assert res.status == "failed" and "broken on purpose" in res.error

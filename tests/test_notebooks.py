@@ -1,0 +1,75 @@
+"""Execute every solution notebook and every student copy with papermill.
+
+Solutions run in profile ``ci`` with strict checks (a failing exercise check fails the run).
+Student copies run in profile ``smoke`` (the same code paths on the smallest sizes): only their
+``raises-exception`` exercise cells may fail, each with NotImplementedError, and every check
+after them must report "not attempted".
+"""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+
+from pdlab.course import run_notebook, solution_notebooks, student_notebooks
+from pdlab.paths import build_dir, repo_root
+
+ROOT = repo_root()
+SOLUTIONS = solution_notebooks(ROOT)
+STUDENTS = student_notebooks(ROOT)
+
+
+def _ids(paths):
+    return [f"{p.parent.name}/{p.stem}" for p in paths]
+
+
+def _outputs_text(nb) -> str:
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", "") if isinstance(out.get("text", ""), str) else "")
+            data = out.get("data", {})
+            parts.append(data.get("text/plain", "") if isinstance(data.get("text/plain", ""), str) else "")
+    return "\n".join(parts)
+
+
+def _exercise_cells(nb) -> int:
+    return sum(1 for c in nb.cells if c.cell_type == "code" and "### BEGIN SOLUTION" in c.source)
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", SOLUTIONS, ids=_ids(SOLUTIONS))
+def test_solution_notebook_runs(path):
+    out = build_dir() / "test-executed" / "solutions" / path.parent.name / path.name
+    res = run_notebook(path, out, profile="ci")
+    assert res.status == "ok", f"{path.name} failed: {res.error} (see {out})"
+    executed = nbformat.read(out, as_version=4)
+    text = _outputs_text(executed)
+    assert "FAILED" not in text and "NOT ATTEMPTED" not in text
+    assert text.count("PASSED") >= _exercise_cells(nbformat.read(path, as_version=4)), \
+        "every exercise in a solution must be followed by a passing check"
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", STUDENTS, ids=_ids(STUDENTS))
+def test_student_copy_runs_and_exercises_raise(path):
+    assert path.exists(), f"missing student copy {path}: run `make notebooks`"
+    out = build_dir() / "test-executed" / "student" / path.parent.name / path.name
+    res = run_notebook(path, out, profile="smoke", student=True)
+    assert res.status == "ok", f"{path.name}: {res.error} (see {out})"
+    solution = ROOT / "solutions" / path.parent.name / path.name
+    n_ex = _exercise_cells(nbformat.read(solution, as_version=4))
+    assert n_ex >= 1, f"{solution.name} has no exercises"
+    assert res.expected_errors == n_ex, f"expected {n_ex} exercise stubs to raise, saw {res.expected_errors}"
+    text = _outputs_text(nbformat.read(out, as_version=4))
+    assert text.count("NOT ATTEMPTED") >= n_ex and "PASSED" not in text
+
+
+def test_every_notebook_has_a_parameters_cell_with_profile():
+    for path in SOLUTIONS:
+        nb = json.loads(path.read_text())
+        params = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+        assert len(params) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'"
+        assert "PROFILE" in "".join(params[0]["source"]), f"{path.name}: parameters cell lacks PROFILE"
