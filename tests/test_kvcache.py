@@ -22,8 +22,8 @@ from pdlab.paths import data_dir
 TRACE = data_dir() / "traces" / "mooncake" / "conversation_trace.jsonl"
 
 
-def req(input_length, hash_ids):
-    return SimpleNamespace(input_length=input_length, hash_ids=list(hash_ids))
+def req(prompt_tokens, hash_ids):
+    return SimpleNamespace(prompt_tokens=prompt_tokens, hash_ids=list(hash_ids))
 
 
 def test_hash_chain_matches_up_to_first_mismatch():
@@ -127,7 +127,7 @@ def test_malformed_line_names_file_and_line(tmp_path, capsys):
     assert "bad.jsonl:2" in err
     assert main(["trace", "stats", str(bad), "--skip-bad", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["requests"] == 2 and d["skipped_lines"] == 2
+    assert d["requests"] == 2 and d["skipped_lines"] == 2 and d["skipped_line_numbers"] == [2, 3]
     assert d["prefix_cache_hit_ratio"] == pytest.approx(600 / 1200)  # the repeat reuses all 600 tokens
 
 

@@ -43,9 +43,10 @@ BLOCK_TOKENS = 512
 
 
 class HasPrefix(Protocol):
-    """Anything with an ``input_length`` (tokens) and chained ``hash_ids`` (one per block)."""
+    """Anything with ``prompt_tokens`` and chained ``hash_ids`` (one per block), e.g.
+    :class:`pdlab.workloads.Request` from :func:`pdlab.workloads.read_mooncake_jsonl`."""
 
-    input_length: int
+    prompt_tokens: int
     hash_ids: Sequence[int]
 
 
@@ -239,17 +240,17 @@ def cache_hit_ratio(requests: Iterable[HasPrefix], capacity_blocks: int | None =
                     block_tokens: int = BLOCK_TOKENS) -> HitStats:
     """Prefix-cache hits of a trace replayed in order through one LRU cache of ``capacity_blocks``.
 
-    Per request: reusable = min(block_tokens × leading blocks already cached, input_length). With
+    Per request: reusable = min(block_tokens × leading blocks already cached, prompt_tokens). With
     ``capacity_blocks=None`` (unlimited) this is the trace's theoretical hit ratio.
     """
     cache = LRUBlockCache(capacity_blocks)
     hit = total = n = 0
     per: list[int] = []
     for r in requests:
-        tokens = prefix_hit_tokens(cache.access(r.hash_ids), r.input_length, block_tokens)
+        tokens = prefix_hit_tokens(cache.access(r.hash_ids), r.prompt_tokens, block_tokens)
         per.append(tokens)
         hit += tokens
-        total += r.input_length
+        total += r.prompt_tokens
         n += 1
     return HitStats(hit, total, n, per)
 
@@ -282,10 +283,10 @@ def local_vs_global_hit_ratio(requests: Sequence[HasPrefix], n_instances: int,
         else:
             k = max(range(n_instances), key=lambda j: (caches[j].match(r.hash_ids), -served[j]))
         served[k] += 1
-        tokens = prefix_hit_tokens(caches[k].access(r.hash_ids), r.input_length, block_tokens)
+        tokens = prefix_hit_tokens(caches[k].access(r.hash_ids), r.prompt_tokens, block_tokens)
         per.append(tokens)
         hit += tokens
-        total += r.input_length
+        total += r.prompt_tokens
     pooled = None if capacity_blocks_per_instance is None else capacity_blocks_per_instance * n_instances
     return HitStats(hit, total, len(requests), per), cache_hit_ratio(requests, pooled, block_tokens)
 

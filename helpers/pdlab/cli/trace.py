@@ -3,43 +3,48 @@
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import dataclass
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from pdlab.cli import CLIError, emit
 from pdlab.kvcache import BLOCK_TOKENS, cache_hit_ratio
+from pdlab.workloads import Request, TraceFormatError, read_mooncake_jsonl
 
 
-@dataclass(frozen=True)
-class _Req:
-    timestamp_ms: float
-    input_length: int
-    output_length: int
-    hash_ids: list[int]
+def load_trace(path: Path, skip_bad: bool = False) -> tuple[list[Request], list[int]]:
+    """Requests of a Mooncake JSONL trace via :func:`pdlab.workloads.read_mooncake_jsonl`.
 
+    Without ``skip_bad`` the first malformed line raises :class:`TraceFormatError` (file:line).
+    With it, malformed lines are skipped and their 1-based numbers returned: the shared reader is
+    re-run on the rest of the file after each bad line (cheap for a handful of bad lines).
+    """
+    if not skip_bad:
+        return read_mooncake_jsonl(path), []
+    lines = path.read_text().splitlines(keepends=True)
+    good: list[Request] = []
+    bad: list[int] = []
+    start = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        part = Path(tmp) / path.name
 
-def _load(path: Path, skip_bad: bool) -> tuple[list[_Req], int]:
-    """Temporary reader until pdlab.workloads lands (errors name file and line)."""
-    out: list[_Req] = []
-    bad = 0
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
+        def read(chunk: list[str]) -> list[Request]:
+            if not any(line.strip() for line in chunk):
+                return []
+            part.write_text("".join(chunk))
+            return read_mooncake_jsonl(part)
+
+        while start < len(lines):
             try:
-                d = json.loads(line)
-                req = _Req(float(d["timestamp"]), int(d["input_length"]), int(d["output_length"]),
-                           [int(h) for h in d["hash_ids"]])
-                if req.input_length < 0 or req.output_length < 0:
-                    raise ValueError("negative length")
-            except (ValueError, KeyError, TypeError) as exc:
-                if skip_bad:
-                    bad += 1
-                    continue
-                raise CLIError(f"{path}:{lineno}: malformed trace line ({exc})") from None
-            out.append(req)
-    return out, bad
+                good += read(lines[start:])
+                break
+            except TraceFormatError as exc:
+                if exc.line < 1:
+                    break
+                good += read(lines[start:start + exc.line - 1])
+                bad.append(start + exc.line)
+                start += exc.line
+    return [replace(r, request_id=i) for i, r in enumerate(good)], bad
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,13 +65,13 @@ def trace_stats(requests, *, cache_blocks: int | None = None, block_tokens: int 
     n = len(requests)
     if n == 0:
         raise CLIError("the trace holds no requests")
-    ts = [r.timestamp_ms for r in requests]
+    ts = [r.arrival_s for r in requests]
     stats = cache_hit_ratio(requests, cache_blocks, block_tokens)
     return {
         "requests": n,
-        "avg_input_tokens": round(sum(r.input_length for r in requests) / n, 1),
-        "avg_output_tokens": round(sum(r.output_length for r in requests) / n, 1),
-        "duration_s": round((max(ts) - min(ts)) / 1000.0, 3),
+        "avg_input_tokens": round(sum(r.prompt_tokens for r in requests) / n, 1),
+        "avg_output_tokens": round(sum(r.output_tokens for r in requests) / n, 1),
+        "duration_s": round(max(ts) - min(ts), 3),
         "prefix_cache_hit_ratio": round(stats.ratio, 3),
         "cache_blocks": cache_blocks,
         "block_tokens": block_tokens,
@@ -81,10 +86,14 @@ def run_stats(args: argparse.Namespace) -> int:
         raise CLIError(f"--cache-blocks must be >= 0, got {args.cache_blocks}")
     if args.block_tokens <= 0:
         raise CLIError(f"--block-tokens must be > 0, got {args.block_tokens}")
-    requests, skipped = _load(path, args.skip_bad)
+    requests, bad_lines = load_trace(path, args.skip_bad)
+    if not requests:
+        raise CLIError(f"{path}: no valid requests ({len(bad_lines)} malformed line(s) skipped)")
+    skipped = len(bad_lines)
     d = trace_stats(requests, cache_blocks=args.cache_blocks, block_tokens=args.block_tokens)
     d["path"] = str(path)
     d["skipped_lines"] = skipped
+    d["skipped_line_numbers"] = bad_lines[:100]
     cache = "unlimited" if args.cache_blocks is None else f"{args.cache_blocks:,} blocks"
     text = (f"{path.name}: {d['requests']:,} requests over {d['duration_s']:,.1f} s; "
             f"avg input {d['avg_input_tokens']:,} / output {d['avg_output_tokens']:,} tokens; "
