@@ -39,6 +39,11 @@ __all__ = [
     "run_course",
     "export",
     "ensure_kernel",
+    "COURSE_MAP",
+    "course_map",
+    "normalize_solution",
+    "format_table",
+    "write_index",
 ]
 
 KERNEL_NAME = "pdlab"
@@ -148,10 +153,28 @@ def _generated(root: Path) -> dict[Path, str]:
     return result
 
 
+KERNELSPEC = {"name": KERNEL_NAME, "display_name": "Python (pdlab course)", "language": "python"}
+
+
+def normalize_solution(path: Path) -> bool:
+    """Strip outputs and editor metadata from a solution, set the course kernel; True if changed."""
+    nb = nbformat.read(path, as_version=4)
+    before = _dumps(nb)
+    for cell in nb.cells:
+        _clean_cell(cell)
+    nb.metadata = {"kernelspec": dict(KERNELSPEC),
+                   "language_info": {"name": "python"}}
+    after = _dumps(nb)
+    if after != before:
+        path.write_text(after)
+        return True
+    return False
+
+
 def build(root: Path | None = None) -> list[Path]:
-    """Write every student copy; return the paths that changed. Deterministic."""
+    """Normalise the solutions, then write every student copy; return changed paths. Deterministic."""
     root = root or repo_root()
-    changed = []
+    changed = [p for p in solution_notebooks(root) if normalize_solution(p)]
     for path, text in _generated(root).items():
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -265,7 +288,7 @@ def run_notebook(path: Path, output: Path, *, profile: str = "ci", student: bool
     start = time.perf_counter()
     status, error, expected = "ok", "", 0
     try:
-        pm.execute_notebook(str(path), str(output), parameters=params, kernel_name=KERNEL_NAME,
+        pm.execute_notebook(str(path), str(output), parameters=params, kernel_name=KERNEL_NAME, language="python",
                             execution_timeout=timeout_s, cwd=str(path.parent), progress_bar=False,
                             log_output=False, report_mode=False)
         if student:
@@ -367,3 +390,35 @@ def export(notebook: Path, *, to: str = "html", out: Path | None = None, no_inpu
     for name, data in (resources.get("outputs") or {}).items():
         (out.parent / name).write_bytes(data)
     return out
+
+
+# The course map: (id, file stem, what it teaches and measures). README and notebook 00 show it.
+COURSE_MAP: list[tuple[str, str, str]] = [
+    ("00", "00_orientation", "Course map, reading list, device detection, profiles, running with papermill"),
+    ("01", "01_roofline_prefill_vs_decode", "Roofline: prefill is compute-bound, decode memory-bound; analytic per GPU and measured on your device"),
+    ("02", "02_kv_cache_napkin_math", "KV bytes per token (MHA/GQA/MLA, bf16/fp8), transfer time per link, DistServe's condition"),
+    ("03", "03_measured_kv_transfer", "Measured KV transfer between processes: shm, TCP, gloo, Mooncake TE, NIXL; layer-wise overlap; emulated links"),
+    ("04", "04_goodput_and_slos", "TTFT, TPOT, ITL, percentiles, SLO attainment and goodput from per-request records"),
+    ("05", "05_distserve_placement", "DistServe: M/D/1 prefill queueing, latency model fitting, placement search"),
+    ("06", "06_interference_and_chunked_prefill", "Interference: colocated vs chunked prefill (Sarathi-Serve) vs disaggregated"),
+    ("07", "07_mooncake_kvcache_scheduling", "Mooncake: prefix caches, the Conductor, overload and early rejection on the real trace"),
+    ("08", "08_splitwise_heterogeneous_pools", "Splitwise: heterogeneous prompt/token pools, cost and power"),
+    ("09", "09_when_to_disaggregate", "When disaggregation pays: the decision matrix, intra-GPU (Nexus), the orchestration layer"),
+    ("lab01", "lab01_vllm_colocated_vs_disaggregated", "Live vLLM: colocated vs 1P1D with NIXL, TTFT/ITL/goodput against rate"),
+    ("lab02", "lab02_sglang_pd_disaggregation", "SGLang PD mode behind sglang-router (GPU), the router on the wire (CPU)"),
+    ("lab03", "lab03_router", "A router choosing colocated or disaggregated serving per request, live and simulated"),
+    ("lab04", "lab04_agentic_benchmark", "Agentic multi-turn tool-calling benchmark, colocated vs disaggregated"),
+    ("lab05", "lab05_sim_to_real", "Calibrate the simulator on the live engine and measure its error"),
+]
+
+
+def course_map(root: Path | None = None) -> list[dict]:
+    """The course map with the path of each solution and whether it exists yet."""
+    root = root or repo_root()
+    rows = []
+    for ident, stem, about in COURSE_MAP:
+        section = "labs" if ident.startswith("lab") else "notebooks"
+        path = root / "solutions" / section / f"{stem}.ipynb"
+        rows.append({"id": ident, "notebook": f"{section}/{stem}.ipynb", "teaches and measures": about,
+                     "present": path.exists()})
+    return rows

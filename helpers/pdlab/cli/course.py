@@ -45,7 +45,7 @@ def _build(args: argparse.Namespace) -> int:
             print(f"out of date: {p}")
         return 1 if stale else 0
     changed = build()
-    print(f"regenerated {len(changed)} student copies" + "".join(f"\n  {p}" for p in changed))
+    print(f"updated {len(changed)} notebooks" + "".join(f"\n  {p}" for p in changed))
     return 0
 
 

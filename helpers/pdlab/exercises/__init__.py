@@ -23,7 +23,7 @@ PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 _SYMBOL = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⏳"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CheckResult:
     """The outcome of one exercise check."""
 
@@ -38,6 +38,8 @@ class CheckResult:
     def __str__(self) -> str:
         return f"{_SYMBOL[self.status]} {self.exercise}: {self.status.upper()} — {self.message}"
 
+    __repr__ = __str__
+
 
 def strict_mode() -> bool:
     """True when ``PDLAB_STRICT_CHECKS=1``: a check that does not pass raises."""
@@ -45,8 +47,7 @@ def strict_mode() -> bool:
 
 
 def report(result: CheckResult) -> CheckResult:
-    """Print a result; in strict mode raise AssertionError unless it passed."""
-    print(result)
+    """Return a result (its repr is the message); in strict mode raise AssertionError unless it passed."""
     if strict_mode() and not result.passed:
         raise AssertionError(str(result))
     return result
@@ -62,7 +63,8 @@ def check_close(exercise: str, value: Any, expected: float, *, rel_tol: float = 
     except (TypeError, ValueError):
         return report(CheckResult(exercise, FAILED, f"expected a number, got {type(value).__name__}"))
     if math.isclose(got, expected, rel_tol=rel_tol):
-        return report(CheckResult(exercise, PASSED, f"{got:,.6g} {unit} (within {rel_tol:.0%})".strip()))
+        within = "exact" if rel_tol < 1e-6 else f"within {rel_tol:.0%}"
+        return report(CheckResult(exercise, PASSED, f"{got:,.6g} {unit} ({within})"))
     msg = f"got {got:,.6g} {unit}, not within {rel_tol:.0%} of the expected value."
     return report(CheckResult(exercise, FAILED, f"{msg} {hint}".strip()))
 
