@@ -1,0 +1,265 @@
+"""Serving metrics from per-request records: TTFT, TPOT, ITL, E2E, SLO attainment and goodput.
+
+One record type, :class:`RequestRecord`, is produced by the simulator (``pdlab.sim``) and by the
+live benchmark client (filled from streamed tokens), so both are analysed by the same code.
+
+Definitions (the same as ``vllm bench serve``, ``vllm/benchmarks/serve.py::calculate_metrics``):
+
+- **TTFT** = time of the first output token − time the request was sent (seconds).
+- **TPOT** = (E2E − TTFT) / (output tokens − 1), only for requests with more than one output
+  token ("time per output token, excluding the first"). vLLM counts TPOT = 0 for one-token
+  outputs when it checks a TPOT SLO; :func:`meets_slo` does the same.
+- **ITL** = the gaps between successive output tokens of a request (one value per gap, pooled
+  over requests; needs ``token_times_s``).
+- **E2E** (vLLM's ``e2el``) = finish time − send time.
+- **Goodput** (vLLM ``--goodput ttft:MS tpot:MS e2el:MS``) = requests that completed *and* met
+  every given SLO, divided by the benchmark duration (first send → last finish), in requests/s.
+- **SLO attainment** = the fraction of *all* requests (failed ones count as misses) that met every
+  SLO. DistServe (OSDI'24, arXiv 2401.09670v3 §2) sets an attainment goal, e.g. 90%, and calls
+  the highest request rate that reaches it the goodput; divided by the number of GPUs it is the
+  *per-GPU goodput*. That rate search lives in ``pdlab.placement``; here
+  :func:`per_gpu_goodput_rps` divides a measured goodput by the GPU count.
+
+Times are seconds, on any clock, as long as one record's times share it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "RequestRecord",
+    "SLO",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "itl_s",
+    "percentiles",
+    "meets_slo",
+    "slo_attainment",
+    "goodput_rps",
+    "per_gpu_goodput_rps",
+    "attainment_curve",
+    "summarize",
+    "records_to_frame",
+    "DEFAULT_PERCENTILES",
+]
+
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request. Times are absolute seconds on one clock.
+
+    ``token_times_s`` holds the time of every output token (the first included) when known; the
+    simulator fills it unless told not to, the live client fills it from streamed chunks. A
+    request that failed has ``ok=False`` and an ``error`` message; its latency fields may be None.
+    """
+
+    request_id: int | str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    token_times_s: Sequence[float] | None = None
+    ok: bool = True
+    error: str = ""
+    instance: str = ""
+    preemptions: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ttft_s(self) -> float | None:
+        """First token − arrival (None when no token came)."""
+        if self.first_token_s is None:
+            return None
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        """Finish − arrival (None when unfinished)."""
+        if self.finish_s is None:
+            return None
+        return self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2E − TTFT) / (output tokens − 1); None for ≤ 1 output token or an unfinished request."""
+        if self.output_tokens <= 1 or self.finish_s is None or self.first_token_s is None:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+    def as_dict(self, with_token_times: bool = False) -> dict[str, Any]:
+        """JSON-ready dict, with derived ``ttft_s``, ``tpot_s``, ``e2e_s``."""
+        d = asdict(self)
+        d["token_times_s"] = list(self.token_times_s) if with_token_times and self.token_times_s is not None \
+            else None
+        if not with_token_times:
+            d.pop("token_times_s")
+        d.update(ttft_s=self.ttft_s, tpot_s=self.tpot_s, e2e_s=self.e2e_s)
+        return d
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency objectives in seconds; None means "no objective" for that metric.
+
+    Raises ValueError for a non-positive or non-finite value, or when every field is None.
+    """
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    def __post_init__(self) -> None:
+        values = {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s}
+        for name, value in values.items():
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                    or value <= 0:
+                raise ValueError(f"SLO {name} must be a positive number of seconds, got {value!r}")
+        if all(v is None for v in values.values()):
+            raise ValueError("an SLO needs at least one of ttft_s, tpot_s, e2e_s")
+
+
+def _ok(records: Iterable[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if r.ok and r.finish_s is not None]
+
+
+def ttft_s(records: Iterable[RequestRecord]) -> np.ndarray:
+    """TTFT of every completed request, seconds."""
+    return np.array([r.ttft_s for r in _ok(records)], dtype=float)
+
+
+def tpot_s(records: Iterable[RequestRecord]) -> np.ndarray:
+    """TPOT of every completed request with more than one output token, seconds."""
+    return np.array([t for r in _ok(records) if (t := r.tpot_s) is not None], dtype=float)
+
+
+def e2e_s(records: Iterable[RequestRecord]) -> np.ndarray:
+    """End-to-end latency of every completed request, seconds."""
+    return np.array([r.e2e_s for r in _ok(records)], dtype=float)
+
+
+def itl_s(records: Iterable[RequestRecord]) -> np.ndarray:
+    """Inter-token latencies pooled over completed requests (needs ``token_times_s``), seconds."""
+    gaps = [np.diff(np.asarray(r.token_times_s, dtype=float)) for r in _ok(records)
+            if r.token_times_s is not None and len(r.token_times_s) > 1]
+    return np.concatenate(gaps) if gaps else np.array([], dtype=float)
+
+
+def percentiles(values: Sequence[float] | np.ndarray, pcts: Sequence[float] = DEFAULT_PERCENTILES
+                ) -> dict[str, float]:
+    """``{"p50": ..., "p99": ...}`` (numpy's linear interpolation, like vLLM); NaN when empty."""
+    arr = np.asarray(values, dtype=float)
+    out = {}
+    for p in pcts:
+        key = f"p{p:g}"
+        out[key] = float(np.percentile(arr, p)) if arr.size else float("nan")
+    return out
+
+
+def meets_slo(record: RequestRecord, slo: SLO) -> bool:
+    """True when the request completed and met every objective of ``slo``.
+
+    As in vLLM's goodput check, a request with one output token has TPOT 0 (it passes a TPOT SLO).
+    """
+    if not record.ok or record.finish_s is None:
+        return False
+    if slo.ttft_s is not None and (record.ttft_s is None or record.ttft_s > slo.ttft_s):
+        return False
+    if slo.tpot_s is not None and (record.tpot_s or 0.0) > slo.tpot_s:
+        return False
+    if slo.e2e_s is not None and record.e2e_s > slo.e2e_s:
+        return False
+    return True
+
+
+def slo_attainment(records: Sequence[RequestRecord], slo: SLO) -> float:
+    """Fraction of all requests (failed ones count as misses) meeting every SLO; NaN when empty."""
+    if not records:
+        return float("nan")
+    return sum(meets_slo(r, slo) for r in records) / len(records)
+
+
+def _duration_s(records: Sequence[RequestRecord]) -> float:
+    done = _ok(records)
+    if not done:
+        return float("nan")
+    start = min(r.arrival_s for r in records)
+    end = max(r.finish_s for r in done)
+    return end - start
+
+
+def goodput_rps(records: Sequence[RequestRecord], slo: SLO, duration_s: float | None = None) -> float:
+    """Requests/s that completed and met every SLO (vLLM's ``request_goodput``).
+
+    ``duration_s`` defaults to first arrival → last finish, as vLLM's benchmark duration.
+    """
+    duration = _duration_s(records) if duration_s is None else duration_s
+    if not duration or not math.isfinite(duration) or duration <= 0:
+        return float("nan")
+    return sum(meets_slo(r, slo) for r in records) / duration
+
+
+def per_gpu_goodput_rps(goodput: float, num_gpus: int) -> float:
+    """Goodput divided by the number of GPUs serving it (DistServe's per-GPU goodput)."""
+    if num_gpus <= 0:
+        raise ValueError(f"num_gpus must be positive, got {num_gpus}")
+    return goodput / num_gpus
+
+
+def attainment_curve(records: Sequence[RequestRecord], metric: str, slos_s: Sequence[float]) -> np.ndarray:
+    """Attainment of a single-metric SLO (``"ttft"``, ``"tpot"`` or ``"e2e"``) at each SLO value.
+
+    Useful for "SLO scale" plots: how attainment grows as the objective is relaxed.
+    """
+    if metric not in ("ttft", "tpot", "e2e"):
+        raise ValueError(f"metric must be ttft, tpot or e2e, got {metric!r}")
+    return np.array([slo_attainment(records, SLO(**{f"{metric}_s": s})) for s in slos_s])
+
+
+def summarize(records: Sequence[RequestRecord], slo: SLO | None = None, *, num_gpus: int | None = None,
+              pcts: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+    """One flat dict: counts, throughput, mean and percentiles of TTFT/TPOT/ITL/E2E, attainment, goodput.
+
+    Keys are like ``ttft_p50_s``, ``tpot_mean_s``, ``itl_p99_s``; ``goodput_rps`` and
+    ``slo_attainment`` only with an ``slo``; ``per_gpu_goodput_rps`` with ``num_gpus`` as well.
+    """
+    done = _ok(records)
+    duration = _duration_s(records)
+    out: dict[str, Any] = {
+        "requests": len(records),
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "duration_s": duration,
+        "request_throughput_rps": len(done) / duration if done and duration > 0 else float("nan"),
+        "output_token_throughput_tps": sum(r.output_tokens for r in done) / duration
+        if done and duration > 0 else float("nan"),
+    }
+    for name, values in (("ttft", ttft_s(done)), ("tpot", tpot_s(done)), ("itl", itl_s(done)),
+                         ("e2e", e2e_s(done))):
+        out[f"{name}_mean_s"] = float(values.mean()) if values.size else float("nan")
+        for key, v in percentiles(values, pcts).items():
+            out[f"{name}_{key}_s"] = v
+    if slo is not None:
+        out["slo_attainment"] = slo_attainment(records, slo)
+        out["goodput_rps"] = goodput_rps(records, slo, duration)
+        if num_gpus is not None:
+            out["per_gpu_goodput_rps"] = per_gpu_goodput_rps(out["goodput_rps"], num_gpus)
+    return out
+
+
+def records_to_frame(records: Sequence[RequestRecord]):
+    """A pandas DataFrame, one row per request, with ``ttft_s``, ``tpot_s``, ``e2e_s`` columns."""
+    import pandas as pd
+
+    return pd.DataFrame([r.as_dict() for r in records])

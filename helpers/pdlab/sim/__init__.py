@@ -1,0 +1,50 @@
+"""``pdlab.sim`` — a discrete-event simulator of LLM serving clusters.
+
+Pieces, each replaceable:
+
+- latency models (:mod:`pdlab.sim.latency`): roofline from the catalog, DistServe-style fitted,
+  constant; anything with ``step_time_s(prefill_tokens, prefill_sq_tokens, decode_batch,
+  decode_ctx_tokens)`` works;
+- instances and their batch schedulers (:mod:`pdlab.sim.engine`): colocated vLLM-style continuous
+  batching, Sarathi-Serve chunked prefill, prefill-only and decode-only instances, KV memory limit
+  with preemption, TP and PP per instance, KV transfer over a link;
+- dispatch policies (:mod:`pdlab.sim.dispatch`): round robin, shortest queue, least loaded;
+- sources (:mod:`pdlab.sim.sources`): traces and synthetic Poisson / gamma arrivals;
+- :func:`simulate` / :func:`build_simulator` (:mod:`pdlab.sim.cluster`) for the common set-ups.
+
+The simulator returns :class:`pdlab.metrics.RequestRecord` objects, the same records the live
+benchmark client produces, so ``pdlab.metrics`` analyses both.
+"""
+
+from pdlab.sim.cluster import MODES, build_simulator, simulate
+from pdlab.sim.dispatch import (
+    DISPATCH_POLICIES,
+    DispatchPolicy,
+    LeastLoaded,
+    RoundRobin,
+    ShortestQueue,
+    make_dispatch,
+)
+from pdlab.sim.engine import InstanceSpec, KVLink, SimResult, Simulator
+from pdlab.sim.latency import (
+    ConstantLatency,
+    FittedLatency,
+    LatencyModel,
+    RooflineLatency,
+    fit_latency,
+    kv_capacity_tokens,
+    load_profile,
+    roofline_latency,
+    sample_points,
+    save_profile,
+)
+from pdlab.sim.sources import GammaSource, ListSource, PoissonSource, Source, TraceSource
+
+__all__ = [
+    "MODES", "build_simulator", "simulate",
+    "DispatchPolicy", "RoundRobin", "ShortestQueue", "LeastLoaded", "DISPATCH_POLICIES", "make_dispatch",
+    "InstanceSpec", "KVLink", "SimResult", "Simulator",
+    "LatencyModel", "RooflineLatency", "FittedLatency", "ConstantLatency", "roofline_latency", "fit_latency",
+    "sample_points", "load_profile", "save_profile", "kv_capacity_tokens",
+    "Source", "TraceSource", "PoissonSource", "GammaSource", "ListSource",
+]
