@@ -1,0 +1,130 @@
+"""``pdlab simulate``: run a trace or synthetic arrivals through the serving simulator (pdlab.sim)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pdlab.cli import CLIError, emit
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="simulate colocated, chunked-prefill or disaggregated serving",
+                       description=__doc__)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids)")
+    src.add_argument("--synthetic", action="store_true", help="synthetic arrivals (see --rate, --requests ...)")
+    p.add_argument("--limit", type=int, help="use only the first N requests of the trace")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="replay the trace X times faster (default 1)")
+    p.add_argument("--rate", type=float, default=1.0, help="synthetic: requests/s (default 1)")
+    p.add_argument("--requests", type=int, default=1000, help="synthetic: number of requests (default 1000)")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="synthetic: prompt length (default 512)")
+    p.add_argument("--output-tokens", type=int, default=64, help="synthetic: output length (default 64)")
+    p.add_argument("--lengths", choices=["fixed", "sharegpt"], default="fixed",
+                   help="synthetic: fixed lengths or sampled ShareGPT lengths")
+    p.add_argument("--arrival", choices=["poisson", "gamma"], default="poisson", help="synthetic arrival process")
+    p.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation (burstiness)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic: seed")
+    p.add_argument("--mode", choices=["colocated", "chunked", "disaggregated"], required=True)
+    p.add_argument("--gpu", required=True, help="catalog GPU, e.g. h100-sxm")
+    p.add_argument("--model", required=True, help="catalog model, e.g. llama-3-70b")
+    p.add_argument("--instances", type=int, help="colocated/chunked: number of instances (default 1)")
+    p.add_argument("--prefill", type=int, help="disaggregated: prefill instances (default 1)")
+    p.add_argument("--decode", type=int, help="disaggregated: decode instances (default 1)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallelism per instance (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline parallelism per instance (default 1)")
+    p.add_argument("--decode-tp", type=int, help="disaggregated: TP of decode instances (default --tp)")
+    p.add_argument("--decode-pp", type=int, help="disaggregated: PP of decode instances (default --pp)")
+    bw = p.add_mutually_exclusive_group()
+    bw.add_argument("--link", help="disaggregated: catalog link for KV transfer, e.g. ib-ndr (default: instant)")
+    bw.add_argument("--bandwidth-gbs", type=float, help="disaggregated: KV link bandwidth in GB/s")
+    p.add_argument("--layerwise-overlap", action="store_true", help="overlap KV transfer with prefill, layer by layer")
+    p.add_argument("--token-budget", type=int, default=2048, help="chunked: tokens per iteration (default 2048)")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="running requests per instance (default 256)")
+    p.add_argument("--dispatch", choices=["round_robin", "shortest_queue", "least_loaded"],
+                   help="dispatch of arrivals (default: round_robin, shortest_queue when disaggregated)")
+    p.add_argument("--profile", help="latency profile JSON (DistServe-style fit) instead of the roofline model")
+    p.add_argument("--slo-ttft", type=float, help="TTFT SLO, s")
+    p.add_argument("--slo-tpot", type=float, help="TPOT SLO, s")
+    p.add_argument("--records", help="write per-request records to this JSONL file")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def _requests(args: argparse.Namespace):
+    from pdlab.workloads import read_mooncake_jsonl, scale_rate, synthetic_requests
+
+    if args.rate_scale <= 0:
+        raise CLIError(f"--rate-scale must be positive, got {args.rate_scale}")
+    if args.trace:
+        reqs = read_mooncake_jsonl(args.trace, limit=args.limit)
+        return scale_rate(reqs, args.rate_scale) if args.rate_scale != 1.0 else reqs
+    if args.requests < 1:
+        raise CLIError(f"--requests must be >= 1, got {args.requests}")
+    if args.lengths == "sharegpt":
+        reqs = synthetic_requests(args.requests, args.rate, lengths="sharegpt", arrival=args.arrival, cv=args.cv,
+                                  seed=args.seed)
+    else:
+        reqs = synthetic_requests(args.requests, args.rate, prompt_tokens=args.prompt_tokens,
+                                  output_tokens=args.output_tokens, arrival=args.arrival, cv=args.cv, seed=args.seed)
+    return scale_rate(reqs, args.rate_scale) if args.rate_scale != 1.0 else reqs
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdlab.metrics import SLO
+    from pdlab.sim import simulate
+    from pdlab.sim.latency import load_profile
+
+    disagg = args.mode == "disaggregated"
+    if disagg and args.instances is not None:
+        raise CLIError("--instances is for colocated/chunked; use --prefill N --decode M with disaggregated")
+    if not disagg and (args.prefill is not None or args.decode is not None):
+        raise CLIError("--prefill/--decode need --mode disaggregated; use --instances N otherwise")
+    if not disagg and (args.link or args.bandwidth_gbs):
+        raise CLIError("--link/--bandwidth-gbs need --mode disaggregated")
+    slo = None
+    if args.slo_ttft is not None or args.slo_tpot is not None:
+        slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+    latency = None
+    if args.profile:
+        prof_path = args.profile
+
+        def latency(tp: int, pp: int):
+            return load_profile(prof_path, tp=tp, pp=pp)
+    kwargs = dict(tp=args.tp, pp=args.pp, latency=latency, token_budget=args.token_budget,
+                  max_num_seqs=args.max_num_seqs, dispatch=args.dispatch)
+    if disagg:
+        kwargs.update(prefill=args.prefill or 1, decode=args.decode or 1, decode_tp=args.decode_tp,
+                      decode_pp=args.decode_pp, link=args.link,
+                      link_bandwidth_bytes_per_s=args.bandwidth_gbs * 1e9 if args.bandwidth_gbs else None,
+                      layerwise_overlap=args.layerwise_overlap)
+    else:
+        kwargs.update(instances=args.instances or 1)
+    reqs = _requests(args)
+    result = simulate(reqs, args.mode, args.gpu, args.model, record_token_times=bool(args.records), **kwargs)
+    s = result.summary(slo)
+    keys = ["requests", "completed", "failed", "num_gpus", "duration_s", "request_throughput_rps",
+            "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s", "tpot_p90_s",
+            "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "preemptions"]
+    if args.records:
+        keys += ["itl_p50_s", "itl_p99_s"]
+    payload = {k: s[k] for k in keys}
+    payload.update(slo_attainment=s.get("slo_attainment"), goodput_rps=s.get("goodput_rps"),
+                   per_gpu_goodput_rps=s.get("per_gpu_goodput_rps"), sim_wall_s=result.sim_wall_s,
+                   mode=args.mode, gpu=args.gpu, model=args.model)
+    if args.records:
+        path = Path(args.records)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as fh:
+            for rec in result.records:
+                fh.write(json.dumps(rec.as_dict(with_token_times=True)) + "\n")
+        payload["records_path"] = str(path)
+    text = (f"{args.mode}: {payload['completed']}/{payload['requests']} requests on {payload['num_gpus']} GPUs, "
+            f"TTFT p50/p99 {payload['ttft_p50_s']:.3f}/{payload['ttft_p99_s']:.3f} s, "
+            f"TPOT p50/p99 {payload['tpot_p50_s'] * 1e3:.1f}/{payload['tpot_p99_s'] * 1e3:.1f} ms")
+    if slo is not None:
+        text += f", SLO attainment {payload['slo_attainment']:.1%}, goodput {payload['goodput_rps']:.3f} req/s"
+    text += f" (simulated in {result.sim_wall_s:.2f} s)"
+    emit(payload, args.json, text)
+    return 0
