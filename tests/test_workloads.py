@@ -1,0 +1,80 @@
+"""pdlab.workloads: trace readers with line-numbered errors, synthetic arrivals."""
+
+import numpy as np
+import pytest
+from pdlab.workloads import (
+    TraceFormatError,
+    gamma_arrivals,
+    mooncake_trace_path,
+    named_workload,
+    poisson_arrivals,
+    read_mooncake_jsonl,
+    read_sharegpt_lengths,
+    scale_rate,
+    synthetic_requests,
+)
+
+GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}\n'
+
+
+def test_reads_bundled_conversation_trace():
+    reqs = read_mooncake_jsonl(mooncake_trace_path("conversation"))
+    assert len(reqs) == 12031
+    assert np.mean([r.prompt_tokens for r in reqs]) == pytest.approx(12035, rel=1e-3)
+    assert all(b.arrival_s >= a.arrival_s for a, b in zip(reqs, reqs[1:], strict=False))
+    assert reqs[0].hash_ids[:2] == (0, 1)
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("{not json\n", "invalid JSON"),
+    ('{"timestamp": 5, "output_length": 3, "hash_ids": []}\n', "input_length"),
+    ('{"timestamp": 5, "input_length": -3, "output_length": 3}\n', "input_length"),
+    ('{"timestamp": 5, "input_length": 2.5, "output_length": 3}\n', "integer"),
+    ('{"timestamp": "x", "input_length": 3, "output_length": 3}\n', "timestamp"),
+    ('{"timestamp": 5, "input_length": 3, "output_length": 3, "hash_ids": "ab"}\n', "hash_ids"),
+])
+def test_malformed_line_names_file_and_line(tmp_path, line, problem):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(GOOD + GOOD + line + GOOD)
+    with pytest.raises(TraceFormatError) as info:
+        read_mooncake_jsonl(path)
+    assert info.value.line == 3 and str(path) in str(info.value) and f"{path}:3:" in str(info.value)
+    assert problem in str(info.value)
+
+
+def test_timestamps_must_not_go_back(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(GOOD.replace('"timestamp": 0', '"timestamp": 10') + GOOD)
+    with pytest.raises(TraceFormatError, match=":2:"):
+        read_mooncake_jsonl(path)
+
+
+def test_sharegpt_lengths_and_bad_csv(tmp_path):
+    table = read_sharegpt_lengths()
+    assert table.shape[1] == 2 and len(table) > 10_000 and table.min() >= 1
+    bad = tmp_path / "l.csv"
+    bad.write_text("num_prefill_tokens,num_decode_tokens\n10,20\nx,3\n")
+    with pytest.raises(TraceFormatError, match=r"l\.csv:3:"):
+        read_sharegpt_lengths(bad)
+
+
+def test_arrivals_rate_seed_and_burstiness():
+    a = poisson_arrivals(4.0, 20000, seed=1)
+    assert len(a) / a[-1] == pytest.approx(4.0, rel=0.03)
+    assert np.array_equal(a, poisson_arrivals(4.0, 20000, seed=1))
+    g = np.diff(gamma_arrivals(4.0, 20000, cv=3.0, seed=1))
+    assert g.std() / g.mean() == pytest.approx(3.0, rel=0.1)
+    with pytest.raises(ValueError):
+        poisson_arrivals(0, 10)
+
+
+def test_synthetic_and_named_workloads():
+    reqs = synthetic_requests(100, 2.0, prompt_tokens=512, output_tokens=64, seed=3)
+    assert {r.prompt_tokens for r in reqs} == {512}
+    fast = scale_rate(reqs, 2.0)
+    assert fast[-1].arrival_s == pytest.approx(reqs[-1].arrival_s / 2)
+    share = named_workload("sharegpt", 50, 1.0, seed=0)
+    assert len(share) == 50 and max(r.prompt_tokens + r.output_tokens for r in share) <= 2048
+    assert named_workload("fixed-128-8", 5, 1.0)[0].output_tokens == 8
+    with pytest.raises(ValueError, match="unknown workload"):
+        named_workload("nope", 5, 1.0)
