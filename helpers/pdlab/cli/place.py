@@ -1,0 +1,71 @@
+"""``pdlab place``: DistServe's placement search (Alg. 1 high / Alg. 2 low node affinity) for a model."""
+
+from __future__ import annotations
+
+import argparse
+
+from pdlab.cli import CLIError, emit
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("place", help="choose prefill/decode TP, PP and replicas for per-GPU goodput (DistServe)",
+                       description=__doc__)
+    p.add_argument("--model", required=True, help="catalog model, e.g. opt-66b")
+    p.add_argument("--gpu", required=True, help="catalog GPU, e.g. a100-80gb")
+    p.add_argument("--nodes", type=int, required=True, help="number of nodes N")
+    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node M")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", help="sharegpt, fixed-512-64, fixed-P-O, mooncake-conversation, mooncake-synthetic")
+    src.add_argument("--trace", help="Mooncake JSONL trace whose lengths are sampled")
+    p.add_argument("--slo-ttft", type=float, required=True, help="TTFT SLO, s")
+    p.add_argument("--slo-tpot", type=float, required=True, help="TPOT SLO, s")
+    p.add_argument("--attainment", type=float, default=0.9, help="SLO attainment goal (default 0.9)")
+    p.add_argument("--affinity", choices=["high", "low"], default="high",
+                   help="high: Alg. 1 (fast cross-node network); low: Alg. 2 (pairs inside a node)")
+    p.add_argument("--cross-node-gbps", type=float,
+                   help="cross-node bandwidth per node, Gbit/s (default: KV transfer free, as DistServe's simulator)")
+    p.add_argument("--rate", type=float, help="target request rate (default: fill the cluster)")
+    p.add_argument("--max-instance-gpus", type=int, help="Alg. 1: largest instance, GPUs (default: --gpus-per-node)")
+    p.add_argument("--profile", choices=["smoke", "ci", "full"], default="ci", help="search size (default ci)")
+    p.add_argument("--workers", type=int, help="processes (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdlab.metrics import SLO
+    from pdlab.placement import SEARCH_PROFILES, place
+
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise CLIError("--nodes and --gpus-per-node must be >= 1")
+    if not 0 < args.attainment <= 1:
+        raise CLIError(f"--attainment must be in (0, 1], got {args.attainment}")
+    if args.cross_node_gbps is not None and args.cross_node_gbps <= 0:
+        raise CLIError("--cross-node-gbps must be positive")
+    slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+    workload = args.workload or args.trace
+    if args.trace and not args.trace.endswith(".jsonl"):
+        raise CLIError(f"--trace expects a Mooncake .jsonl file, got {args.trace}")
+    kwargs = dict(attainment=args.attainment, rate_rps=args.rate, settings=SEARCH_PROFILES[args.profile],
+                  workers=args.workers,
+                  cross_node_bytes_per_s=args.cross_node_gbps * 1e9 / 8 if args.cross_node_gbps else None)
+    if args.max_instance_gpus:
+        kwargs["max_instance_gpus"] = args.max_instance_gpus
+    result = place(args.model, args.gpu, args.nodes, args.gpus_per_node, workload, slo, affinity=args.affinity,
+                   **kwargs)
+    d = result.as_dict(with_candidates=False)
+    d["candidates"] = [{"phase": c.phase, "prefill": str(c.prefill) if c.prefill else None,
+                        "decode": str(c.decode) if c.decode else None, "num_gpus": c.num_gpus,
+                        "goodput_rps": c.goodput_rps, "per_gpu_goodput_rps": c.per_gpu_goodput_rps, **c.detail}
+                       for c in result.candidates]
+    d.update(model=args.model, gpu=args.gpu, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+             workload=workload, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, profile=args.profile)
+    text = (f"{args.model} on {args.nodes}×{args.gpus_per_node} {args.gpu} ({args.affinity} affinity): "
+            f"prefill {result.prefill} ×{result.num_prefill}, decode {result.decode} ×{result.num_decode}; "
+            f"{result.cluster_goodput_rps:.2f} req/s on {result.total_gpus} GPUs = "
+            f"{result.per_gpu_goodput_rps:.3f} req/s per GPU at {args.attainment:.0%} attainment "
+            f"(searched in {result.search_wall_s:.1f} s)")
+    if result.bandwidth_limited:
+        text += "; rate capped by the cross-node bandwidth"
+    emit(d, args.json, text)
+    return 0

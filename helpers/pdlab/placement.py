@@ -1,0 +1,450 @@
+"""DistServe's placement search (OSDI'24, arXiv 2401.09670v3 §4): pick TP/PP for the prefill and
+decode pools and how many replicas of each, to maximise per-GPU goodput under SLOs.
+
+- **Goodput of a configuration** = the highest request rate whose SLO attainment reaches the goal
+  (e.g. 90%), found by binary search on the rate with the simulator (``pdlab.sim``).
+- **Algorithm 1, high node affinity** (fast cross-node network): search prefill and decode
+  configurations separately (each ≤ ``max_instance_gpus`` GPUs and holding the weights), keep the
+  best goodput per GPU for each phase, then take n = ⌈R/goodput_p⌉ prefill and m = ⌈R/goodput_d⌉
+  decode replicas (or, without a target rate R, the n, m that fill the cluster best).
+- **Algorithm 2, low node affinity** (slow cross-node network, e.g. DistServe's 25 Gbps): for each
+  pipeline depth, prefill and decode segments of the same stage share a node (KV moves over NVLink),
+  so pairs (prefill instances, decode instances) with n_p·tp_p + n_d·tp_d ≤ M GPUs per node are
+  simulated *together*; keep the best goodput per GPU and replicate the unit.
+
+Beyond DistServe's released simulator, the decode-side simulations here include the **KV transfer**:
+every request's KV crosses the cross-node link (Alg. 1) or NVLink (Alg. 2) before it decodes, on a
+FIFO link per prefill instance; and the placement reports the cross-node bandwidth the chosen rate
+needs and caps the rate to what the link carries.
+
+Sweeps run in parallel on all local cores (``multiprocessing``); each task is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pdlab.hardware import get_gpu
+from pdlab.metrics import SLO, slo_attainment
+from pdlab.models import get_model, kv_bytes_per_token, weight_bytes
+from pdlab.sim.engine import InstanceSpec, KVLink, Simulator
+from pdlab.sim.latency import ConstantLatency, LatencyModel, kv_capacity_tokens, roofline_latency
+from pdlab.workloads import Request, named_workload, read_mooncake_jsonl, with_rate
+
+__all__ = [
+    "ParallelConfig",
+    "SearchSettings",
+    "PhaseGoodput",
+    "Placement",
+    "SEARCH_PROFILES",
+    "max_rate",
+    "enumerate_configs",
+    "prefill_goodput",
+    "decode_goodput",
+    "pair_goodput",
+    "place_high_affinity",
+    "place_low_affinity",
+    "place",
+    "workload_requests",
+]
+
+
+@dataclass(frozen=True, order=True)
+class ParallelConfig:
+    """Tensor (intra-op) and pipeline (inter-op) parallelism of one instance."""
+
+    tp: int
+    pp: int
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp
+
+    def __str__(self) -> str:
+        return f"TP{self.tp}×PP{self.pp}"
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How hard to search: requests per simulation, bisection steps, first rate guess (req/s)."""
+
+    requests: int = 300
+    bisect_steps: int = 7
+    start_rate_rps: float = 1.0
+    max_doublings: int = 12
+    seed: int = 0
+    min_duration_s: float = 60.0
+    max_requests: int = 4000
+
+    def requests_at(self, rate_rps: float) -> int:
+        """Requests per simulation at a rate: at least ``requests``, and enough to span
+        ``min_duration_s`` of arrivals (a short burst hides an overloaded queue), at most ``max_requests``."""
+        return int(min(self.max_requests, max(self.requests, math.ceil(rate_rps * self.min_duration_s))))
+
+
+#: Search sizes by course profile (``smoke`` seconds, ``ci`` about a minute, ``full`` the real thing).
+SEARCH_PROFILES: dict[str, SearchSettings] = {
+    "smoke": SearchSettings(requests=60, bisect_steps=3, min_duration_s=10.0, max_requests=300),
+    "ci": SearchSettings(requests=120, bisect_steps=4, min_duration_s=30.0, max_requests=800),
+    "full": SearchSettings(requests=300, bisect_steps=6, min_duration_s=60.0, max_requests=3000),
+}
+
+
+@dataclass
+class PhaseGoodput:
+    """The goodput one configuration reaches (requests/s at the attainment goal)."""
+
+    phase: str
+    prefill: ParallelConfig | None
+    decode: ParallelConfig | None
+    num_gpus: int
+    goodput_rps: float
+    per_gpu_goodput_rps: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Placement:
+    """The chosen placement and the numbers behind it."""
+
+    affinity: str
+    prefill: ParallelConfig
+    decode: ParallelConfig
+    num_prefill: int
+    num_decode: int
+    prefill_goodput_rps: float
+    decode_goodput_rps: float
+    total_gpus: int
+    cluster_goodput_rps: float
+    per_gpu_goodput_rps: float
+    kv_bandwidth_needed_bytes_per_s: float
+    cross_node_bytes_per_s: float | None
+    bandwidth_limited: bool
+    candidates: list[PhaseGoodput] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    search_wall_s: float = 0.0
+
+    def as_dict(self, with_candidates: bool = True) -> dict[str, Any]:
+        d = asdict(self)
+        d["prefill"] = {"tp": self.prefill.tp, "pp": self.prefill.pp}
+        d["decode"] = {"tp": self.decode.tp, "pp": self.decode.pp}
+        if not with_candidates:
+            d.pop("candidates")
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# workload and binary search
+
+
+def workload_requests(workload: str | Sequence[Request], n: int, rate_rps: float, seed: int = 0) -> list[Request]:
+    """``n`` requests at ``rate_rps`` (Poisson): a named workload, a trace path (``*.jsonl``, lengths
+    sampled from it), or a list of requests whose lengths are reused."""
+    if isinstance(workload, str) and workload.endswith(".jsonl"):
+        import numpy as np
+
+        reqs = read_mooncake_jsonl(workload)
+        idx = np.random.default_rng(seed + 1).integers(0, len(reqs), size=n)
+        return with_rate([reqs[i] for i in idx], rate_rps, seed=seed)
+    if isinstance(workload, str):
+        return named_workload(workload, n, rate_rps, seed)
+    base = list(workload)
+    return with_rate([base[i % len(base)] for i in range(n)], rate_rps, seed=seed)
+
+
+def max_rate(attainment_at: Callable[[float], float], goal: float, settings: SearchSettings) -> float:
+    """Highest rate (req/s) with ``attainment_at(rate) >= goal``: double from the start rate until the
+    goal fails, then bisect. 0.0 when even a low rate misses the goal."""
+    lo, hi = 0.0, settings.start_rate_rps
+    for _ in range(settings.max_doublings):
+        if attainment_at(hi) >= goal:
+            lo, hi = hi, hi * 2
+        else:
+            break
+    else:
+        return lo
+    if lo == 0.0:   # the first guess failed: search downwards
+        for _ in range(settings.max_doublings):
+            hi_try = hi / 2
+            if attainment_at(hi_try) >= goal:
+                lo = hi_try
+                break
+            hi = hi_try
+        else:
+            return 0.0
+    for _ in range(settings.bisect_steps):
+        mid = (lo + hi) / 2
+        if attainment_at(mid) >= goal:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# ---------------------------------------------------------------------------------------------
+# one configuration
+
+
+@dataclass(frozen=True)
+class _Env:
+    """Everything a worker process needs (picklable)."""
+
+    model: str
+    gpu: str
+    workload: Any
+    slo_ttft_s: float
+    slo_tpot_s: float
+    goal: float
+    settings: SearchSettings
+    cross_node_bytes_per_s: float | None
+    dtype: str = "bf16"
+    max_batched_tokens: int = 2048
+    latency: Callable[[int, int], LatencyModel] | None = None
+
+    def latency_model(self, cfg: ParallelConfig) -> LatencyModel:
+        if self.latency is not None:
+            return self.latency(cfg.tp, cfg.pp)
+        return roofline_latency(self.gpu, self.model, tp=cfg.tp, pp=cfg.pp, dtype=self.dtype)
+
+    def capacity(self, cfg: ParallelConfig) -> int:
+        return kv_capacity_tokens(self.gpu, self.model, cfg.tp, cfg.pp, dtype=self.dtype)
+
+    def requests(self, rate: float) -> list[Request]:
+        return workload_requests(self.workload, self.settings.requests_at(rate), rate, self.settings.seed)
+
+
+def _attainment_prefill(env: _Env, cfg: ParallelConfig, rate: float) -> float:
+    from dataclasses import replace
+
+    reqs = [replace(r, output_tokens=1) for r in env.requests(rate)]
+    spec = InstanceSpec(env.latency_model(cfg), env.capacity(cfg), role="colocated",
+                        max_batched_tokens=env.max_batched_tokens)
+    res = Simulator([spec], record_token_times=False).run(reqs)
+    return slo_attainment(res.records, SLO(ttft_s=env.slo_ttft_s))
+
+
+def _kv_link(env: _Env, bandwidth: float | None) -> KVLink:
+    m = get_model(env.model)
+    return KVLink(kv_bytes_per_token(m, env.dtype), bandwidth, m.num_layers)
+
+
+def _attainment_decode(env: _Env, cfg: ParallelConfig, rate: float) -> float:
+    """One decode instance; an instant prefill instance in front; KV over the cross-node link."""
+    reqs = env.requests(rate)
+    front = InstanceSpec(ConstantLatency(0.0), 10**12, role="prefill", max_batched_tokens=10**9, max_num_seqs=10**6)
+    dec = InstanceSpec(env.latency_model(cfg), env.capacity(cfg), role="decode")
+    res = Simulator([front, dec], link=_kv_link(env, env.cross_node_bytes_per_s), record_token_times=False).run(reqs)
+    return slo_attainment(res.records, SLO(tpot_s=env.slo_tpot_s))
+
+
+def _attainment_pair(env: _Env, pcfg: ParallelConfig, dcfg: ParallelConfig, n_p: int, n_d: int, rate: float) -> float:
+    reqs = env.requests(rate)
+    gpu = get_gpu(env.gpu)
+    specs = [InstanceSpec(env.latency_model(pcfg), env.capacity(pcfg), role="prefill",
+                          max_batched_tokens=env.max_batched_tokens) for _ in range(n_p)]
+    specs += [InstanceSpec(env.latency_model(dcfg), env.capacity(dcfg), role="decode") for _ in range(n_d)]
+    res = Simulator(specs, dispatch="shortest_queue", link=_kv_link(env, gpu.nvlink_bytes_per_s),
+                    record_token_times=False).run(reqs)
+    return slo_attainment(res.records, SLO(ttft_s=env.slo_ttft_s, tpot_s=env.slo_tpot_s))
+
+
+def prefill_goodput(env: _Env, cfg: ParallelConfig) -> PhaseGoodput:
+    """``simu_prefill``: the TTFT-only goodput of one prefill instance."""
+    rate = max_rate(lambda r: _attainment_prefill(env, cfg, r), env.goal, env.settings)
+    return PhaseGoodput("prefill", cfg, None, cfg.num_gpus, rate, rate / cfg.num_gpus)
+
+
+def decode_goodput(env: _Env, cfg: ParallelConfig) -> PhaseGoodput:
+    """``simu_decode``: the TPOT-only goodput of one decode instance, KV transfer included."""
+    rate = max_rate(lambda r: _attainment_decode(env, cfg, r), env.goal, env.settings)
+    return PhaseGoodput("decode", None, cfg, cfg.num_gpus, rate, rate / cfg.num_gpus)
+
+
+def pair_goodput(env: _Env, pcfg: ParallelConfig, dcfg: ParallelConfig, n_p: int, n_d: int) -> PhaseGoodput:
+    """Alg. 2: ``n_p`` prefill + ``n_d`` decode instances on the same nodes, simulated together."""
+    gpus = n_p * pcfg.num_gpus + n_d * dcfg.num_gpus
+    rate = max_rate(lambda r: _attainment_pair(env, pcfg, dcfg, n_p, n_d, r), env.goal, env.settings)
+    return PhaseGoodput("pair", pcfg, dcfg, gpus, rate, rate / gpus, {"num_prefill": n_p, "num_decode": n_d})
+
+
+def _run_task(task: tuple) -> PhaseGoodput:
+    kind, env, *rest = task
+    if kind == "prefill":
+        return prefill_goodput(env, rest[0])
+    if kind == "decode":
+        return decode_goodput(env, rest[0])
+    return pair_goodput(env, *rest)
+
+
+def _map(tasks: list[tuple], workers: int | None) -> list[PhaseGoodput]:
+    workers = workers or os.cpu_count() or 1
+    if workers <= 1 or len(tasks) <= 1:
+        return [_run_task(t) for t in tasks]
+    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
+        return list(pool.map(_run_task, tasks))
+
+
+# ---------------------------------------------------------------------------------------------
+# the two algorithms
+
+
+def enumerate_configs(model: str, gpu: str, max_gpus: int, *, max_tp: int, dtype: str = "bf16",
+                      memory_utilization: float = 0.9) -> list[ParallelConfig]:
+    """(TP, PP) with TP ≤ ``max_tp`` dividing the heads, PP dividing the layers, TP·PP ≤ ``max_gpus``,
+    and room for the weights plus at least 2,048 tokens of KV (DistServe: G.size/(inter·intra) < C)."""
+    m = get_model(model)
+    g = get_gpu(gpu)
+    w = weight_bytes(m, dtype)
+    kvb = kv_bytes_per_token(m, dtype)
+    out = []
+    for tp in range(1, max_tp + 1):
+        if m.num_heads % tp:
+            continue
+        for pp in range(1, max_gpus // tp + 1):
+            if m.num_layers % pp:
+                continue
+            if tp * pp * g.memory_bytes * memory_utilization - w < 2048 * kvb:
+                continue
+            out.append(ParallelConfig(tp, pp))
+    return out
+
+
+def _fill(g_p: float, gpus_p: int, g_d: float, gpus_d: int, total: int, rate: float | None) -> tuple[int, int, float]:
+    """Replica counts: for a target rate ⌈R/g⌉ each; otherwise the n, m filling ``total`` GPUs best."""
+    if g_p <= 0 or g_d <= 0:
+        return 0, 0, 0.0
+    if rate is not None:
+        n, m = math.ceil(rate / g_p), math.ceil(rate / g_d)
+        if n * gpus_p + m * gpus_d > total:
+            return 0, 0, 0.0
+        return n, m, min(rate, n * g_p, m * g_d)
+    best = (0, 0, 0.0)
+    for n in range(1, total // gpus_p + 1):
+        m = (total - n * gpus_p) // gpus_d
+        if m < 1:
+            break
+        r = min(n * g_p, m * g_d)
+        if r > best[2] + 1e-12:
+            best = (n, m, r)
+    return best
+
+
+def _env(model: str, gpu: str, workload: Any, slo: SLO, goal: float, settings: SearchSettings,
+         cross_node: float | None, latency: Any) -> _Env:
+    if slo.ttft_s is None or slo.tpot_s is None:
+        raise ValueError("placement needs both a TTFT and a TPOT SLO")
+    if not 0 < goal <= 1:
+        raise ValueError(f"attainment goal must be in (0, 1], got {goal}")
+    return _Env(model, gpu, workload, slo.ttft_s, slo.tpot_s, goal, settings, cross_node, latency=latency)
+
+
+def _avg_prompt(env: _Env) -> float:
+    reqs = workload_requests(env.workload, 500, 1.0, env.settings.seed)
+    return sum(r.prompt_tokens for r in reqs) / len(reqs)
+
+
+def place_high_affinity(model: str, gpu: str, nodes: int, gpus_per_node: int, workload: Any, slo: SLO, *,
+                        attainment: float = 0.9, rate_rps: float | None = None,
+                        cross_node_bytes_per_s: float | None = None, max_instance_gpus: int | None = None,
+                        settings: SearchSettings | None = None, workers: int | None = None,
+                        latency: Callable[[int, int], LatencyModel] | None = None) -> Placement:
+    """DistServe Algorithm 1. ``cross_node_bytes_per_s`` None = KV transfer is free (as DistServe's simulator)."""
+    import time
+
+    t0 = time.perf_counter()
+    settings = settings or SEARCH_PROFILES["ci"]
+    env = _env(model, gpu, workload, slo, attainment, settings, cross_node_bytes_per_s, latency)
+    total = nodes * gpus_per_node
+    configs = enumerate_configs(model, gpu, max_instance_gpus or gpus_per_node, max_tp=gpus_per_node)
+    if not configs:
+        raise ValueError(f"{model} does not fit on up to {max_instance_gpus or gpus_per_node} {gpu} GPUs")
+    tasks = [("prefill", env, c) for c in configs] + [("decode", env, c) for c in configs]
+    results = _map(tasks, workers)
+    pre = [r for r in results if r.phase == "prefill"]
+    dec = [r for r in results if r.phase == "decode"]
+    best = None
+    for p in pre:
+        for d in dec:
+            n, m, r = _fill(p.goodput_rps, p.num_gpus, d.goodput_rps, d.num_gpus, total, rate_rps)
+            gpus = n * p.num_gpus + m * d.num_gpus
+            if n < 1 or m < 1 or gpus > total:
+                continue
+            key = (r / gpus, r, -gpus)
+            if best is None or key > best[0]:
+                best = (key, p, d, n, m, r)
+    if best is None:
+        raise ValueError(f"no prefill + decode configuration of {model} fits in {total} GPUs at the goal")
+    _, bp, bd, n, m, r = best
+    need = r * _avg_prompt(env) * kv_bytes_per_token(get_model(model))
+    limited = False
+    if cross_node_bytes_per_s is not None and need > cross_node_bytes_per_s * nodes:
+        limited = True
+        r = r * cross_node_bytes_per_s * nodes / need
+        need = cross_node_bytes_per_s * nodes
+    gpus = n * bp.num_gpus + m * bd.num_gpus
+    return Placement("high", bp.prefill, bd.decode, n, m, bp.goodput_rps, bd.goodput_rps, gpus, r,
+                     r / gpus if gpus else 0.0, need, cross_node_bytes_per_s, limited, results,
+                     {"attainment": attainment, **asdict(settings)}, time.perf_counter() - t0)
+
+
+def place_low_affinity(model: str, gpu: str, nodes: int, gpus_per_node: int, workload: Any, slo: SLO, *,
+                       attainment: float = 0.9, rate_rps: float | None = None, max_instances_per_phase: int = 2,
+                       cross_node_bytes_per_s: float | None = None, settings: SearchSettings | None = None,
+                       workers: int | None = None,
+                       latency: Callable[[int, int], LatencyModel] | None = None) -> Placement:
+    """DistServe Algorithm 2: same pipeline depth for both phases, each stage's prefill and decode
+    segments inside one node (KV over NVLink); the unit is replicated ⌈R/goodput⌉ times."""
+    import time
+
+    t0 = time.perf_counter()
+    settings = settings or SEARCH_PROFILES["ci"]
+    env = _env(model, gpu, workload, slo, attainment, settings, cross_node_bytes_per_s, latency)
+    m = get_model(model)
+    g = get_gpu(gpu)
+    w = weight_bytes(m)
+    tasks = []
+    for pp in range(1, nodes + 1):
+        if m.num_layers % pp:
+            continue
+        tps = [t for t in range(1, gpus_per_node + 1) if m.num_heads % t == 0
+               and t * pp * g.memory_bytes * 0.9 - w >= 2048 * kv_bytes_per_token(m)]
+        for tp_p in tps:
+            for tp_d in tps:
+                for n_p in range(1, max_instances_per_phase + 1):
+                    for n_d in range(1, max_instances_per_phase + 1):
+                        if n_p * tp_p + n_d * tp_d <= gpus_per_node:
+                            tasks.append(("pair", env, ParallelConfig(tp_p, pp), ParallelConfig(tp_d, pp), n_p, n_d))
+    if not tasks:
+        raise ValueError(f"{model} does not fit a prefill + decode pair within {gpus_per_node} GPUs per stage")
+    results = _map(tasks, workers)
+    best = max(results, key=lambda r: (r.per_gpu_goodput_rps, -r.num_gpus))
+    units_max = max(1, (nodes * gpus_per_node) // best.num_gpus)
+    units = min(units_max, math.ceil(rate_rps / best.goodput_rps)) if rate_rps and best.goodput_rps > 0 else units_max
+    r = units * best.goodput_rps if rate_rps is None else min(rate_rps, units * best.goodput_rps)
+    n_p, n_d = best.detail["num_prefill"] * units, best.detail["num_decode"] * units
+    gpus = units * best.num_gpus
+    share_p = best.detail["num_prefill"] * best.prefill.num_gpus / best.num_gpus
+    return Placement("low", best.prefill, best.decode, n_p, n_d, best.goodput_rps, best.goodput_rps, gpus, r,
+                     r / gpus if gpus else 0.0, 0.0, cross_node_bytes_per_s, False, results,
+                     {"attainment": attainment, "unit_prefill_gpu_share": share_p, **asdict(settings)},
+                     time.perf_counter() - t0)
+
+
+def place(model: str, gpu: str, nodes: int, gpus_per_node: int, workload: Any, slo: SLO, *,
+          affinity: str = "high", **kwargs: Any) -> Placement:
+    """Algorithm 1 (``affinity="high"``) or Algorithm 2 (``"low"``)."""
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpus_per_node}")
+    if affinity == "high":
+        return place_high_affinity(model, gpu, nodes, gpus_per_node, workload, slo, **kwargs)
+    if affinity == "low":
+        kwargs.pop("max_instance_gpus", None)
+        return place_low_affinity(model, gpu, nodes, gpus_per_node, workload, slo, **kwargs)
+    raise ValueError(f"affinity must be high or low, got {affinity!r}")
