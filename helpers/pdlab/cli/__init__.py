@@ -18,6 +18,7 @@ from pdlab.catalog import UnknownNameError
 __all__ = ["main", "build_parser", "emit", "CLIError"]
 
 _COMMANDS = ["pdlab.cli.kv", "pdlab.cli.course", "pdlab.cli.trace", "pdlab.cli.queue", "pdlab.cli.simulate", "pdlab.cli.place",
+             "pdlab.cli.roofline",
              "pdlab.cli.transfer"]
 
 
