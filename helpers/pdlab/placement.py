@@ -48,6 +48,8 @@ __all__ = [
     "prefill_goodput",
     "decode_goodput",
     "pair_goodput",
+    "colocated_goodput",
+    "make_env",
     "place_high_affinity",
     "place_low_affinity",
     "place",
@@ -252,6 +254,29 @@ def _attainment_pair(env: _Env, pcfg: ParallelConfig, dcfg: ParallelConfig, n_p:
     res = Simulator(specs, dispatch="shortest_queue", link=_kv_link(env, gpu.nvlink_bytes_per_s),
                     record_token_times=False).run(reqs)
     return slo_attainment(res.records, SLO(ttft_s=env.slo_ttft_s, tpot_s=env.slo_tpot_s))
+
+
+def _attainment_colocated(env: _Env, cfg: ParallelConfig, rate: float, scheduler: str) -> float:
+    reqs = env.requests(rate)
+    spec = InstanceSpec(env.latency_model(cfg), env.capacity(cfg), role="colocated", scheduler=scheduler,
+                        max_batched_tokens=max(env.max_batched_tokens, 16384))
+    res = Simulator([spec], record_token_times=False).run(reqs)
+    return slo_attainment(res.records, SLO(ttft_s=env.slo_ttft_s, tpot_s=env.slo_tpot_s))
+
+
+def colocated_goodput(env: _Env, cfg: ParallelConfig, scheduler: str = "vllm") -> PhaseGoodput:
+    """The baseline: one colocated instance (vLLM-style or chunked) meeting both SLOs."""
+    rate = max_rate(lambda r: _attainment_colocated(env, cfg, r, scheduler), env.goal, env.settings)
+    return PhaseGoodput("colocated", cfg, cfg, cfg.num_gpus, rate, rate / cfg.num_gpus, {"scheduler": scheduler})
+
+
+def make_env(model: str, gpu: str, workload: Any, slo: SLO, *, attainment: float = 0.9,
+             settings: SearchSettings | None = None, cross_node_bytes_per_s: float | None = None,
+             latency: Callable[[int, int], LatencyModel] | None = None) -> _Env:
+    """The search context used by :func:`prefill_goodput`, :func:`decode_goodput`, :func:`pair_goodput`
+    and :func:`colocated_goodput` (for one-off measurements such as DistServe's Fig. 1)."""
+    return _env(model, gpu, workload, slo, attainment, settings or SEARCH_PROFILES["ci"], cross_node_bytes_per_s,
+                latency)
 
 
 def prefill_goodput(env: _Env, cfg: ParallelConfig) -> PhaseGoodput:

@@ -1,0 +1,32 @@
+"""Checks for notebook 06 (interference and chunked prefill). Expected values are computed."""
+
+from __future__ import annotations
+
+from pdlab.exercises import CheckResult, check_close, check_true
+from pdlab.sim.latency import LatencyModel
+
+__all__ = ["check_stall", "check_chunks", "check_best_budget"]
+
+
+def check_stall(value, latency: LatencyModel, prompt_tokens: int) -> CheckResult:
+    """Exercise 1: how long running decodes stall while one prompt is prefilled unchunked."""
+    expected = latency.prefill_time_s([prompt_tokens])
+    return check_close("Exercise 1", value, expected, rel_tol=0.01, unit="s",
+                       hint="Without chunking the prefill iteration holds no decodes: the stall is one prefill step.")
+
+
+def check_chunks(value, prompt_tokens: int, budget: int, decodes: int) -> CheckResult:
+    """Exercise 2: iterations a prompt needs under stall-free batching with running decodes."""
+    per_iter = budget - decodes
+    expected = -(-prompt_tokens // per_iter) if per_iter > 0 else float("inf")
+    return check_close("Exercise 2", value, expected, rel_tol=1e-9, unit="iterations",
+                       hint="Each iteration gives the decodes one token each first; the prompt gets the rest of the budget.")
+
+
+def check_best_budget(value, table, ttft_slo_s: float) -> CheckResult:
+    """Exercise 3: the token budget with the lowest TPOT p99 among those whose TTFT p99 meets the SLO."""
+    ok = table[table["ttft_p99_s"] <= ttft_slo_s]
+    expected = int(ok.sort_values("tpot_p99_s").iloc[0]["token_budget"]) if len(ok) else None
+    good = value is not None and expected is not None and int(value) == expected
+    return check_true("Exercise 3", value, good, good=f"budget {value} tokens",
+                      bad=f"got {value}; filter rows with ttft_p99_s ≤ SLO, then take the lowest tpot_p99_s")
