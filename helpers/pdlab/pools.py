@@ -1,0 +1,236 @@
+"""Splitwise: prompt and token pools on different GPU types, their cost and power, the cheapest mix.
+
+Splitwise (ISCA'24, arXiv 2311.18677v2) runs the prompt (prefill) phase on one pool of machines and
+the token (decode) phase on another, possibly of a different GPU generation: prefill is
+compute-bound and uses an H100's 3.4× FLOP/s, decode is memory-bound and gains only the 1.6× HBM
+bandwidth, while the H100 costs 2.16× as much (Table I). Designs are named by their pools:
+``HH``, ``AA``, ``HA`` (H100 prompt, A100 token); ``Baseline-H``/``Baseline-A`` are colocated
+clusters where every machine runs both phases (vLLM-style continuous batching) — the "mixed" pool.
+
+Machines are DGX-style nodes of ``gpus_per_machine`` GPUs serving one model replica with TP.
+Simulation by :mod:`pdlab.sim` (roofline latency from the catalog, KV over a link); cost and power
+from the catalog's ``price_per_hour`` (USD per GPU-hour, Splitwise Table I ÷ 8) and ``tdp_w``.
+
+SLOs as in Splitwise §V: slowdowns against the same request served alone on a DGX-A100, all nine
+must hold — TTFT P50/P90/P99 ≤ 2/3/6×, TBT and E2E P50/P90/P99 ≤ 1.25/1.5/5×.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pdlab.hardware import get_gpu, get_link
+from pdlab.metrics import RequestRecord
+from pdlab.models import get_model, kv_bytes_per_token
+from pdlab.sim import InstanceSpec, KVLink, Simulator, kv_capacity_tokens, roofline_latency
+from pdlab.workloads import Request, make_requests
+
+__all__ = [
+    "GPU_LETTERS",
+    "PoolDesign",
+    "SplitwiseSLO",
+    "build_pool_simulator",
+    "reference_latencies",
+    "evaluate_design",
+    "cheapest_design",
+]
+
+GPU_LETTERS = {"A": "a100-80gb", "H": "h100-sxm"}
+"""Splitwise's letters for GPU types (DGX-A100 and DGX-H100)."""
+
+_TTFT_SLOWDOWN = (2.0, 3.0, 6.0)
+_TBT_E2E_SLOWDOWN = (1.25, 1.5, 5.0)
+_PCTS = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class PoolDesign:
+    """A cluster: ``n_prompt`` machines of ``prompt_gpu`` and ``n_token`` of ``token_gpu``.
+
+    ``token_gpu=None`` means a colocated (mixed) cluster of ``n_prompt`` machines doing both phases.
+    """
+
+    prompt_gpu: str
+    n_prompt: int
+    token_gpu: str | None = None
+    n_token: int = 0
+    gpus_per_machine: int = 8
+
+    def __post_init__(self) -> None:
+        if self.n_prompt < 1:
+            raise ValueError(f"n_prompt must be >= 1, got {self.n_prompt}")
+        if self.token_gpu is not None and self.n_token < 1:
+            raise ValueError("a split design needs n_token >= 1")
+        for g in (self.prompt_gpu, self.token_gpu):
+            if g is not None and get_gpu(g).price_per_hour is None:
+                raise ValueError(f"the catalog has no price_per_hour for {g!r}; pick a GPU with a price")
+
+    @property
+    def colocated(self) -> bool:
+        return self.token_gpu is None
+
+    @property
+    def name(self) -> str:
+        letter = {v: k for k, v in GPU_LETTERS.items()}
+        p = letter.get(get_gpu(self.prompt_gpu).key, self.prompt_gpu)
+        if self.colocated:
+            return f"Baseline-{p} ({self.n_prompt})"
+        t = letter.get(get_gpu(self.token_gpu).key, self.token_gpu)
+        return f"{p}{t} ({self.n_prompt}P+{self.n_token}T)"
+
+    @property
+    def machines(self) -> int:
+        return self.n_prompt + self.n_token
+
+    @property
+    def num_gpus(self) -> int:
+        return self.machines * self.gpus_per_machine
+
+    def _per_gpu(self, attr: str) -> float:
+        g = self.gpus_per_machine
+        total = self.n_prompt * g * getattr(get_gpu(self.prompt_gpu), attr)
+        if not self.colocated:
+            total += self.n_token * g * getattr(get_gpu(self.token_gpu), attr)
+        return float(total)
+
+    @property
+    def cost_per_hour(self) -> float:
+        """USD per hour of all GPUs (catalog ``price_per_hour`` × GPUs)."""
+        return self._per_gpu("price_per_hour")
+
+    @property
+    def power_w(self) -> float:
+        """Provisioned GPU power, watts (catalog ``tdp_w`` × GPUs)."""
+        return self._per_gpu("tdp_w")
+
+
+@dataclass(frozen=True)
+class SplitwiseSLO:
+    """Splitwise §V SLOs: P50/P90/P99 slowdowns against unloaded DGX-A100 latencies (seconds)."""
+
+    ttft_ref_s: float
+    tbt_ref_s: float
+    e2e_ref_s: float
+    ttft_slowdown: tuple[float, float, float] = _TTFT_SLOWDOWN
+    tbt_slowdown: tuple[float, float, float] = _TBT_E2E_SLOWDOWN
+    e2e_slowdown: tuple[float, float, float] = _TBT_E2E_SLOWDOWN
+
+    def limits(self) -> dict[str, float]:
+        """``{"ttft_p50_s": limit, ...}`` for the nine objectives."""
+        out = {}
+        for metric, ref, mult in (("ttft", self.ttft_ref_s, self.ttft_slowdown),
+                                  ("tbt", self.tbt_ref_s, self.tbt_slowdown),
+                                  ("e2e", self.e2e_ref_s, self.e2e_slowdown)):
+            for p, m in zip(_PCTS, mult, strict=True):
+                out[f"{metric}_p{p}_s"] = ref * m
+        return out
+
+    def measure(self, records: Sequence[RequestRecord]) -> dict[str, float]:
+        """The nine percentiles (TBT = the request's TPOT) over completed requests."""
+        done = [r for r in records if r.ok and r.finish_s is not None]
+        series = {"ttft": [r.ttft_s for r in done], "tbt": [r.tpot_s or 0.0 for r in done],
+                  "e2e": [r.e2e_s for r in done]}
+        return {f"{k}_p{p}_s": float(np.percentile(v, p)) if v else float("inf")
+                for k, v in series.items() for p in _PCTS}
+
+    def met(self, records: Sequence[RequestRecord]) -> bool:
+        """True when every request completed and all nine percentiles are within their limits."""
+        if any(not r.ok or r.finish_s is None for r in records):
+            return False
+        got = self.measure(records)
+        return all(got[k] <= lim for k, lim in self.limits().items())
+
+
+def build_pool_simulator(design: PoolDesign, model: str, *, link: str = "ib-ndr", dtype: str = "bf16",
+                         layerwise_overlap: bool = True, record_token_times: bool = False,
+                         prompt_batch_tokens: int = 2048) -> Simulator:
+    """A :class:`pdlab.sim.Simulator` for a design: roofline latency per GPU type, TP = GPUs per machine.
+
+    Split designs send KV over ``link`` with layer-wise overlap (Splitwise §IV-C streams KV per layer);
+    prompts go to the shortest prompt queue and decodes to the least-loaded token machine
+    (Splitwise's join-shortest-queue).
+    """
+    m = get_model(model)
+    tp = design.gpus_per_machine
+
+    def spec(gpu: str, role: str) -> InstanceSpec:
+        # Splitwise's machine scheduler: prompt batches of at most 2048 tokens (§IV-B)
+        return InstanceSpec(latency=roofline_latency(gpu, m, tp=tp, dtype=dtype), role=role,
+                            kv_capacity_tokens=kv_capacity_tokens(gpu, m, tp, dtype=dtype),
+                            max_batched_tokens=prompt_batch_tokens if role == "prefill" else 16384)
+
+    if design.colocated:
+        return Simulator([spec(design.prompt_gpu, "colocated") for _ in range(design.n_prompt)],
+                         dispatch="least_loaded", record_token_times=record_token_times)
+    specs = [spec(design.prompt_gpu, "prefill") for _ in range(design.n_prompt)]
+    specs += [spec(design.token_gpu, "decode") for _ in range(design.n_token)]
+    kv_link = KVLink(kv_bytes_per_token(m, dtype), get_link(link).bytes_per_s, m.num_layers, layerwise_overlap)
+    return Simulator(specs, dispatch="shortest_queue", decode_dispatch="least_loaded", link=kv_link,
+                     record_token_times=record_token_times)
+
+
+def reference_latencies(model: str, prompt_tokens: int, output_tokens: int, *, gpu: str = "a100-80gb",
+                        gpus_per_machine: int = 8) -> SplitwiseSLO:
+    """Splitwise's reference: one request alone on one (DGX-A100) machine → the SLO object."""
+    one = make_requests([0.0], prompt_tokens, output_tokens)
+    rec = build_pool_simulator(PoolDesign(gpu, 1, gpus_per_machine=gpus_per_machine), model).run(one).records[0]
+    return SplitwiseSLO(rec.ttft_s, rec.tpot_s or 0.0, rec.e2e_s)
+
+
+def evaluate_design(design: PoolDesign, requests: Sequence[Request], model: str, slo: SplitwiseSLO,
+                    **kwargs: Any) -> dict[str, Any]:
+    """Simulate one design: the nine percentiles, whether the SLOs hold, cost, power, throughput."""
+    res = build_pool_simulator(design, model, **kwargs).run(requests)
+    got = slo.measure(res.records)
+    done = sum(1 for r in res.records if r.ok and r.finish_s is not None)
+    span = max((r.finish_s for r in res.records if r.finish_s is not None), default=0.0) - \
+        min(r.arrival_s for r in res.records)
+    return {"design": design.name, "prompt_gpu": design.prompt_gpu, "token_gpu": design.token_gpu or "",
+            "n_prompt": design.n_prompt, "n_token": design.n_token, "machines": design.machines,
+            "gpus": design.num_gpus, "cost_per_hour": design.cost_per_hour, "power_kw": design.power_w / 1e3,
+            "completed": done, "throughput_rps": done / span if span > 0 else float("nan"),
+            "slo_met": slo.met(res.records), **got}
+
+
+@dataclass
+class _Search:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+
+
+def cheapest_design(prompt_gpu: str, token_gpu: str | None, requests: Sequence[Request], model: str,
+                    slo: SplitwiseSLO, *, max_prompt: int = 16, max_token: int = 12,
+                    gpus_per_machine: int = 8, **kwargs: Any) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The cheapest (USD/h) design of a kind that meets every SLO on ``requests``; (best row, all rows).
+
+    Colocated (``token_gpu=None``): the fewest machines, searched upward. Split: a staircase walk over
+    (n_prompt, n_token) — start with few prompt and many token machines, drop a token machine while
+    the SLOs hold, else add a prompt machine — using that more machines never hurt; each feasible
+    corner is a candidate and the cheapest wins. Returns (None, rows) when nothing within the limits works.
+    """
+    out = _Search()
+
+    def run(n_p: int, n_t: int) -> dict[str, Any]:
+        row = evaluate_design(PoolDesign(prompt_gpu, n_p, token_gpu, n_t, gpus_per_machine), requests,
+                              model, slo, **kwargs)
+        out.rows.append(row)
+        if row["slo_met"] and (out.best is None or row["cost_per_hour"] < out.best["cost_per_hour"]):
+            out.best = row
+        return row
+
+    if token_gpu is None:
+        for n in range(1, max_prompt + 1):
+            if run(n, 0)["slo_met"]:
+                break
+        return out.best, out.rows
+    n_p, n_t = 1, max_token
+    while n_p <= max_prompt and n_t >= 1:
+        if run(n_p, n_t)["slo_met"]:
+            n_t -= 1
+        else:
+            n_p += 1
+    return out.best, out.rows
