@@ -83,14 +83,14 @@ class LayerShape:
 # Sizes per run profile and device kind. Points: (phase, batch, tokens, context).
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "cpu": {
-        "smoke": dict(matmul={"fp32": [256, 512], "bf16": [128]}, bandwidth_mib=48, repeats=2,
+        "smoke": dict(matmul={"fp32": [256, 512], "bf16": [64]}, bandwidth_mib=48, repeats=2,
                       layer=LayerShape(1024, 8, 2, 128, 2816, "llama-shaped-1k"),
-                      points=[("prefill", 1, 64, 64), ("decode", 1, 1, 128), ("decode", 4, 1, 128)],
+                      points=[("prefill", 1, 32, 32), ("decode", 1, 1, 128), ("decode", 4, 1, 128)],
                       dtype="fp32"),
-        "ci": dict(matmul={"fp32": [512, 1024, 2048], "bf16": [256]}, bandwidth_mib=256, repeats=3,
-                   layer=LayerShape(2048, 16, 4, 128, 5632, "llama-shaped-2k"),
-                   points=[("prefill", 1, 128, 128), ("prefill", 1, 512, 512), ("decode", 1, 1, 512),
-                           ("decode", 8, 1, 512)],
+        "ci": dict(matmul={"fp32": [512, 1024, 1536], "bf16": [128]}, bandwidth_mib=128, repeats=3,
+                   layer=LayerShape(1024, 8, 2, 128, 4096, "llama-shaped-1k"),
+                   points=[("prefill", 1, 64, 64), ("prefill", 1, 256, 256), ("decode", 1, 1, 256),
+                           ("decode", 8, 1, 256)],
                    dtype="fp32"),
         "full": dict(matmul={"fp32": [1024, 2048, 3072], "bf16": [256]}, bandwidth_mib=512, repeats=5,
                      layer=LayerShape(2048, 16, 4, 128, 5632, "llama-shaped-2k"),
