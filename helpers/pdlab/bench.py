@@ -1,0 +1,378 @@
+"""``pdlab bench``: an async streaming benchmark client for OpenAI-compatible servers.
+
+Requests come from :mod:`pdlab.workloads` (token counts and arrival times: Poisson, gamma-bursty,
+or a trace's own schedule such as Mooncake's); prompts are synthesised to *exact* token counts
+with the server's tokenizer; each request is streamed (``/v1/completions`` or
+``/v1/chat/completions``) and becomes a :class:`pdlab.metrics.RequestRecord`, summarised by
+:func:`pdlab.metrics.summarize` (TTFT, TPOT, ITL, E2E, SLO attainment, goodput).
+
+Timing follows ``vllm bench serve`` (``vllm/benchmarks/lib/endpoint_request_func.py``, vLLM 0.32):
+the clock starts just before the HTTP request is sent; TTFT is the first streamed chunk carrying
+a choice; every later chunk adds one inter-token gap; the request's latency ends at its last
+content chunk; output tokens come from the server's ``usage`` (``stream_options.include_usage``).
+Stricter than vLLM in one place: a stream that ends without ``[DONE]`` or with an ``error`` event
+is a failed request (vLLM would count it as a success if one chunk arrived).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pdlab.metrics import SLO, RequestRecord, summarize
+from pdlab.paths import build_dir
+from pdlab.workloads import Request, gamma_arrivals, make_requests, named_workload, with_rate
+
+__all__ = [
+    "PromptSynthesizer",
+    "BenchResult",
+    "interference_requests",
+    "build_workload",
+    "server_model",
+    "run_requests",
+    "run_bench",
+    "format_summary",
+]
+
+_ENDPOINT_PATH = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+# ---------------------------------------------------------------- prompts of exact token counts
+class PromptSynthesizer:
+    """Random prompts of an exact number of tokens for a given tokenizer.
+
+    Byte-level BPE tokenizers (GPT-2, Llama 3, SmolLM2 and the course's tiny model) split text at
+    spaces before merging, so a string of words that are each one token (``" the"``, ``" value"``)
+    has exactly one token per word. The synthesiser collects such words from the vocabulary,
+    draws ``n`` of them and verifies the count; other tokenizers fall back to trimming and
+    re-encoding until the count is exact.
+    """
+
+    def __init__(self, tokenizer_path: str | Path):
+        from tokenizers import Tokenizer
+
+        path = Path(tokenizer_path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if not file.exists():
+            raise FileNotFoundError(f"no tokenizer.json at {file}: pass --tokenizer DIR (a model folder)")
+        self.tokenizer = Tokenizer.from_file(str(file))
+        self.words = self._single_token_words()
+        if len(self.words) < 50:
+            raise ValueError(f"tokenizer {file} has too few single-token words ({len(self.words)})")
+
+    def _single_token_words(self) -> list[str]:
+        words = []
+        vocab = self.tokenizer.get_vocab()
+        for _token, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
+            text = self.tokenizer.decode([idx])
+            body = text[1:]
+            if len(text) >= 3 and text[0] == " " and body.isascii() and body.isalpha():
+                if self.tokenizer.encode(text, add_special_tokens=False).ids == [idx]:
+                    words.append(text)
+        return words
+
+    def count(self, text: str) -> int:
+        """Tokens in ``text`` (without special tokens)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def prompt(self, n_tokens: int, rng: np.random.Generator) -> str:
+        """A random prompt of exactly ``n_tokens`` tokens."""
+        if n_tokens < 1:
+            raise ValueError(f"a prompt needs at least one token, got {n_tokens}")
+        picks = rng.integers(0, len(self.words), size=n_tokens)
+        text = "".join(self.words[i] for i in picks)
+        for _ in range(20):
+            have = self.count(text)
+            if have == n_tokens:
+                return text
+            ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+            if have > n_tokens:
+                text = self.tokenizer.decode(ids[:n_tokens])
+            else:
+                text += "".join(self.words[i] for i in rng.integers(0, len(self.words), size=n_tokens - have))
+        raise ValueError(f"could not make a prompt of exactly {n_tokens} tokens with this tokenizer")
+
+
+# ---------------------------------------------------------------- workloads
+def interference_requests(n: int, rate_rps: float, *, short_prompt: int = 64, short_output: int = 96,
+                          long_prompt: int = 1536, long_output: int = 4, long_every: int = 4,
+                          arrival: str = "poisson", cv: float = 1.0, seed: int = 0) -> list[Request]:
+    """Decode-heavy requests with a long-prompt request every ``long_every``-th arrival.
+
+    Long prefills land while the short requests are decoding: on a colocated server each one
+    stalls every running decode for the length of its prefill (ITL spikes); a disaggregated
+    deployment runs them on the prefill instance and leaves decode's ITL alone.
+    """
+    if long_every < 1:
+        raise ValueError(f"long_every must be >= 1, got {long_every}")
+    arrivals = gamma_arrivals(rate_rps, n, cv=cv if arrival == "gamma" else 1.0, seed=seed)
+    is_long = (np.arange(n) % long_every) == (long_every - 1)
+    prompts = np.where(is_long, long_prompt, short_prompt)
+    outputs = np.where(is_long, long_output, short_output)
+    return make_requests(arrivals, prompts, outputs)
+
+
+def build_workload(name: str, *, rate_rps: float, n: int | None = None, duration_s: float | None = None,
+                   arrival: str = "poisson", cv: float = 1.0, seed: int = 0,
+                   max_prompt_tokens: int | None = None, max_output_tokens: int | None = None,
+                   use_trace_schedule: bool = False) -> list[Request]:
+    """Requests for a named workload.
+
+    ``name``: ``interference``, ``fixed-P-O``, ``sharegpt``, ``mooncake-conversation``,
+    ``mooncake-synthetic`` (see :data:`pdlab.workloads.WORKLOADS`). The count is ``n`` or
+    ``rate × duration``. Arrivals: ``poisson`` or ``gamma`` (burstiness ``cv``) at ``rate_rps``;
+    with ``use_trace_schedule`` a Mooncake trace keeps its own timestamps (the first ``n``
+    requests, from time 0). Token counts are clipped to ``max_prompt_tokens``/``max_output_tokens``.
+    """
+    if n is None:
+        if duration_s is None:
+            raise ValueError("give n or duration_s")
+        n = max(1, int(round(rate_rps * duration_s)))
+    if arrival not in ("poisson", "gamma"):
+        raise ValueError(f"arrival must be poisson or gamma, got {arrival!r}")
+    if name == "interference":
+        reqs = interference_requests(n, rate_rps, arrival=arrival, cv=cv, seed=seed)
+    elif use_trace_schedule and name.startswith("mooncake-"):
+        from pdlab.workloads import mooncake_trace_path, read_mooncake_jsonl
+
+        trace = read_mooncake_jsonl(mooncake_trace_path(name.split("-", 1)[1]), limit=n)
+        t0 = trace[0].arrival_s if trace else 0.0
+        reqs = [Request(i, r.arrival_s - t0, r.prompt_tokens, r.output_tokens, r.hash_ids)
+                for i, r in enumerate(trace)]
+    else:
+        reqs = named_workload(name, n, rate_rps, seed)
+        if arrival == "gamma":
+            reqs = with_rate(reqs, rate_rps, seed=seed, arrival="gamma", cv=cv)
+    out = []
+    for r in reqs:
+        p = min(r.prompt_tokens, max_prompt_tokens) if max_prompt_tokens else r.prompt_tokens
+        o = min(r.output_tokens, max_output_tokens) if max_output_tokens else r.output_tokens
+        out.append(Request(r.request_id, r.arrival_s, max(1, p), max(1, o), r.hash_ids))
+    return out
+
+
+# ---------------------------------------------------------------- the client
+def server_model(url: str, timeout_s: float = 10.0) -> tuple[str, str | None]:
+    """``(model id, local folder or None)`` from ``GET {url}/v1/models``."""
+    import urllib.request
+
+    with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout_s) as resp:
+        data = json.loads(resp.read())
+    first = data["data"][0]
+    root = first.get("root") or first["id"]
+    return first["id"], root if Path(root).is_dir() else None
+
+
+def _payload(endpoint: str, model: str, prompt: str, max_tokens: int, ignore_eos: bool,
+             extra: dict[str, Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True,
+                            "stream_options": {"include_usage": True}, "temperature": 0.0}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if ignore_eos:
+        body["ignore_eos"] = True
+    body.update(extra or {})
+    return body
+
+
+async def _one(session, url: str, endpoint: str, body: dict[str, Any], req: Request, bar,
+               request_timeout_s: float) -> RequestRecord:
+    import aiohttp
+
+    rec = RequestRecord(request_id=req.request_id, arrival_s=time.perf_counter(),
+                        prompt_tokens=req.prompt_tokens, output_tokens=0, ok=False)
+    rec.extra["target_output_tokens"] = req.output_tokens
+    token_times: list[float] = []
+    usage: dict[str, Any] = {}
+    done = False
+    buffer = ""
+    try:
+        async with asyncio.timeout(request_timeout_s):
+            async with session.post(url + _ENDPOINT_PATH[endpoint], json=body) as resp:
+                if resp.status != 200:
+                    text = (await resp.text())[:300]
+                    raise RuntimeError(f"HTTP {resp.status}: {text}")
+                async for raw in resp.content.iter_any():
+                    buffer += raw.decode("utf-8", "replace")
+                    while "\n\n" in buffer:
+                        message, buffer = buffer.split("\n\n", 1)
+                        message = message.strip()
+                        if not message or message.startswith(":"):
+                            continue
+                        chunk = message.removeprefix("data:").strip()
+                        if chunk == "[DONE]":
+                            done = True
+                            continue
+                        data = json.loads(chunk)
+                        if "error" in data:
+                            err = data["error"]
+                            raise RuntimeError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+                        if data.get("choices"):
+                            token_times.append(time.perf_counter())
+                        if data.get("usage"):
+                            usage = data["usage"]
+        if not done:
+            raise RuntimeError("the stream ended before [DONE]")
+        if not token_times:
+            raise RuntimeError("no token was streamed")
+        rec.ok = True
+    except TimeoutError:
+        rec.error = f"timed out after {request_timeout_s:g} s"
+    except aiohttp.ClientError as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"
+    except (RuntimeError, ValueError, OSError) as exc:
+        rec.error = str(exc) or type(exc).__name__
+    if token_times:
+        rec.first_token_s = token_times[0]
+        rec.token_times_s = token_times
+        if rec.ok:
+            rec.finish_s = token_times[-1]
+    rec.output_tokens = int(usage.get("completion_tokens") or len(token_times))
+    if usage.get("prompt_tokens") is not None:
+        rec.extra["server_prompt_tokens"] = int(usage["prompt_tokens"])
+    if bar is not None:
+        bar.update(1)
+    return rec
+
+
+async def run_requests(url: str, requests: Sequence[Request], *, endpoint: str = "completions",
+                       model: str | None = None, tokenizer: str | Path | None = None,
+                       max_concurrency: int | None = None, ignore_eos: bool = True,
+                       request_timeout_s: float = 300.0, progress: bool = True, seed: int = 0,
+                       extra_body: dict[str, Any] | None = None) -> list[RequestRecord]:
+    """Send ``requests`` at their arrival times (seconds from now); return one record each."""
+    import aiohttp
+    from tqdm.auto import tqdm
+
+    if endpoint not in _ENDPOINT_PATH:
+        raise ValueError(f"endpoint must be completions or chat, got {endpoint!r}")
+    url = url.rstrip("/")
+    if model is None or tokenizer is None:
+        served, root = await asyncio.to_thread(server_model, url)
+        model = model or served
+        tokenizer = tokenizer or root
+    if tokenizer is None:
+        raise ValueError("the server's model is not a local folder: pass tokenizer=DIR (--tokenizer)")
+    synth = await asyncio.to_thread(PromptSynthesizer, tokenizer)
+    rng = np.random.default_rng(seed)
+    bodies = [_payload(endpoint, model, synth.prompt(r.prompt_tokens, rng), r.output_tokens, ignore_eos, extra_body)
+              for r in requests]
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
+    connector = aiohttp.TCPConnector(limit=max_concurrency or 0, force_close=False)
+    bar = tqdm(total=len(requests), desc="bench", unit="req", disable=not progress, leave=False)
+
+    async def scheduled(session, req: Request, body: dict[str, Any], start: float) -> RequestRecord:
+        delay = start + req.arrival_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if sem is None:
+            return await _one(session, url, endpoint, body, req, bar, request_timeout_s)
+        async with sem:
+            return await _one(session, url, endpoint, body, req, bar, request_timeout_s)
+
+    try:
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            start = time.perf_counter()
+            tasks = [asyncio.create_task(scheduled(session, r, b, start)) for r, b in zip(requests, bodies, strict=True)]
+            records = await asyncio.gather(*tasks)
+    finally:
+        bar.close()
+    return list(records)
+
+
+@dataclass
+class BenchResult:
+    """Records, their summary (``pdlab.metrics.summarize``) and the run's settings."""
+
+    records: list[RequestRecord]
+    summary: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
+
+    def save(self, out_dir: str | Path | None = None, name: str = "bench") -> dict[str, str]:
+        """Write ``<name>-summary.json`` and ``<name>-records.jsonl`` under ``build/bench/``."""
+        out = Path(out_dir) if out_dir else build_dir() / "bench"
+        out.mkdir(parents=True, exist_ok=True)
+        summary_path, records_path = out / f"{name}-summary.json", out / f"{name}-records.jsonl"
+        summary_path.write_text(json.dumps({"config": self.config, "summary": self.summary}, indent=2,
+                                           default=_json_default))
+        with open(records_path, "w") as fh:
+            for r in self.records:
+                fh.write(json.dumps(r.as_dict(with_token_times=True), default=_json_default) + "\n")
+        self.paths = {"summary": str(summary_path), "records": str(records_path)}
+        return self.paths
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    return str(obj)
+
+
+def _run_coro(coro):
+    """Run a coroutine to completion, also from inside a running loop (Jupyter): in a thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, endpoint: str = "completions",
+              model: str | None = None, tokenizer: str | Path | None = None, max_concurrency: int | None = None,
+              ignore_eos: bool = True, request_timeout_s: float = 300.0, progress: bool = True, seed: int = 0,
+              save: bool | str = False, extra_body: dict[str, Any] | None = None) -> BenchResult:
+    """Run a benchmark (blocking; works in Jupyter too) and summarise it.
+
+    ``save=True`` (or a name) writes the summary JSON and the records JSONL under ``build/bench/``.
+    """
+    records = _run_coro(run_requests(url, requests, endpoint=endpoint, model=model, tokenizer=tokenizer,
+                                     max_concurrency=max_concurrency, ignore_eos=ignore_eos,
+                                     request_timeout_s=request_timeout_s, progress=progress, seed=seed,
+                                     extra_body=extra_body))
+    summary = summarize(records, slo)
+    errors = sorted({r.error for r in records if not r.ok})
+    summary["errors"] = errors[:10]
+    config = {"url": url, "endpoint": endpoint, "requests": len(requests), "max_concurrency": max_concurrency,
+              "ignore_eos": ignore_eos, "slo": None if slo is None else {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s,
+                                                                          "e2e_s": slo.e2e_s},
+              "mean_prompt_tokens": float(np.mean([r.prompt_tokens for r in requests])) if requests else 0.0,
+              "mean_output_tokens": float(np.mean([r.output_tokens for r in requests])) if requests else 0.0}
+    result = BenchResult(records, summary, config)
+    if save:
+        result.save(name=save if isinstance(save, str) else "bench")
+    return result
+
+
+def format_summary(summary: dict[str, Any], title: str = "benchmark") -> str:
+    """A short human-readable table of a summary (milliseconds for latencies)."""
+    def ms(key: str) -> str:
+        v = summary.get(key)
+        return "   n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1e3:8.1f}"
+
+    lines = [f"{title}: {summary['completed']}/{summary['requests']} completed, {summary['failed']} failed, "
+             f"{summary['duration_s']:.1f} s, {summary['request_throughput_rps']:.2f} req/s, "
+             f"{summary['output_token_throughput_tps']:.0f} output tok/s",
+             "            mean      p50      p90      p99   (ms)"]
+    for m in ("ttft", "tpot", "itl", "e2e"):
+        lines.append(f"  {m.upper():<6} {ms(f'{m}_mean_s')} {ms(f'{m}_p50_s')} {ms(f'{m}_p90_s')} {ms(f'{m}_p99_s')}")
+    if "goodput_rps" in summary:
+        lines.append(f"  SLO attainment {summary['slo_attainment']:.0%}, goodput {summary['goodput_rps']:.2f} req/s")
+    if summary.get("errors"):
+        lines.append(f"  errors: {summary['errors'][:3]}")
+    return "\n".join(lines)

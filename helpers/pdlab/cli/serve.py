@@ -1,0 +1,79 @@
+"""``pdlab serve colocated|disagg``: run vLLM in the foreground until Ctrl-C (then stop every process)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pdlab.cli import CLIError, emit
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run a colocated or a prefill/decode-disaggregated vLLM deployment",
+                       description=__doc__)
+    p.add_argument("mode", choices=["colocated", "disagg"])
+    p.add_argument("--model", default=None, help="model folder or name (default: build/models/tiny, built if missing)")
+    p.add_argument("--connector", default="nixl", choices=["nixl", "example"], help="KV connector (disagg)")
+    p.add_argument("--kv-buffer-device", choices=["cpu", "cuda"], help="NIXL KV buffer (default: the device)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--cores", help="colocated CPU cores, e.g. 0-1")
+    p.add_argument("--gpus", help="colocated GPUs, e.g. 0,1")
+    p.add_argument("--prefill-cores", nargs="+", help="one entry per prefill instance, e.g. 0")
+    p.add_argument("--decode-cores", nargs="+", help="one entry per decode instance, e.g. 1")
+    p.add_argument("--prefill-gpus", nargs="+", help="one entry per prefill instance, e.g. 0")
+    p.add_argument("--decode-gpus", nargs="+", help="one entry per decode instance, e.g. 1")
+    p.add_argument("--num-prefill", type=int, default=None, help="prefill instances (default: placements given, or 1)")
+    p.add_argument("--num-decode", type=int, default=None, help="decode instances (default: placements given, or 1)")
+    p.add_argument("--port", type=int, default=8000, help="entry port (proxy for disagg, server for colocated)")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    p.add_argument("--json", action="store_true", help="print the deployment as JSON once it is up")
+    p.set_defaults(func=run)
+
+
+def _model(arg: str | None) -> str:
+    if arg:
+        return arg
+    from pdlab.modelbuild import build_model
+    from pdlab.paths import build_dir
+
+    path = build_dir() / "models" / "tiny"
+    if not (path / "config.json").exists():
+        build_model("tiny", path, overwrite=True)
+    return str(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdlab.serve import colocated, disaggregated
+    from pdlab.serve.process import PortInUseError, ServerStartError
+
+    model = _model(args.model)
+    common = {"max_model_len": args.max_model_len, "ready_timeout_s": args.ready_timeout, "device": args.device}
+    if args.kv_buffer_device:
+        common["kv_buffer_device"] = args.kv_buffer_device
+    if args.mode == "colocated":
+        common.pop("kv_buffer_device", None)
+        dep = colocated(model, port=args.port, cores=args.cores, gpus=args.gpus, **common)
+    else:
+        placements_p = args.prefill_cores or args.prefill_gpus
+        placements_d = args.decode_cores or args.decode_gpus
+        n_p = args.num_prefill or (len(placements_p) if placements_p else 1)
+        n_d = args.num_decode or (len(placements_d) if placements_d else 1)
+        dep = disaggregated(model, connector=args.connector, n_prefill=n_p, n_decode=n_d,
+                            prefill_cores=args.prefill_cores, decode_cores=args.decode_cores,
+                            prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
+                            proxy_port=args.port, prefill_port=args.port + 100, decode_port=args.port + 200,
+                            **common)
+    try:
+        with dep:
+            info = {"mode": args.mode, "url": dep.url, "servers": [
+                {"role": s.spec.role, "url": s.url, "cores": s.spec.cores, "gpus": s.spec.gpus,
+                 "log": str(s.log_path), "pid": s.process.pid if s.process else None} for s in dep.servers],
+                "proxy_log": str(dep.proxy.log_path) if dep.proxy else None, "startup_s": dep.startup_s}
+            emit(info, args.json, dep.describe() + f"\nready in {dep.startup_s:.0f} s — Ctrl-C stops everything")
+            while dep.alive():
+                time.sleep(1.0)
+            dead = [s.spec.label for s in dep.servers if not s.alive()]
+            raise CLIError(f"a server exited: {', '.join(dead) or 'proxy'}; see the logs above")
+    except (PortInUseError, ServerStartError) as exc:
+        raise CLIError(str(exc)) from exc

@@ -1,0 +1,190 @@
+"""Deployments: one colocated vLLM server, or xPyD prefill/decode servers behind the proxy.
+
+Both are context managers that start everything, wait for health, and stop every process on
+every path (normal exit, exception, Ctrl-C; ``atexit`` and SIGTERM through
+:mod:`pdlab.serve.process`). Servers of a deployment start in parallel (start-up dominates).
+
+Same hardware budget both ways, as the labs compare them:
+
+- CPU (2 cores): colocated on cores ``"0-1"`` vs prefill on core ``"0"`` + decode on core ``"1"``;
+- GPU: colocated on GPUs ``"0,1"`` (tensor parallel 2) vs prefill on ``"0"`` + decode on ``"1"``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from pdlab.paths import build_dir
+from pdlab.serve.evidence import MetricsSnapshot, scrape_metrics
+from pdlab.serve.process import ManagedProcess, ServerStartError, check_port_free, spawn, wait_http_ok
+from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, detect_serve_device
+
+__all__ = ["Deployment", "colocated", "disaggregated", "start_proxy"]
+
+
+def start_proxy(prefill_urls: Sequence[str], decode_urls: Sequence[str], *, port: int = 8000,
+                read_timeout_s: float = 30.0, log_dir: str | Path | None = None,
+                timeout_s: float = 30.0) -> ManagedProcess:
+    """Run ``python -m pdlab.serve.proxy`` as a managed process; wait until it listens."""
+    check_port_free(port, what="disaggregation proxy")
+    log = Path(log_dir or build_dir() / "serve") / f"proxy-{port}.log"
+    argv = [sys.executable, "-m", "pdlab.serve.proxy", "--port", str(port), "--read-timeout", str(read_timeout_s),
+            "--prefill", *prefill_urls, "--decode", *decode_urls]
+    proc = spawn(f"proxy-{port}", argv, log)
+    try:
+        wait_http_ok(proc, f"http://127.0.0.1:{port}/proxy/stats", timeout_s, poll_s=0.2)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+class Deployment:
+    """Servers (and a proxy) started together; ``url`` is where clients send requests."""
+
+    def __init__(self, kind: str, servers: list[VLLMServer], proxy_port: int | None = None,
+                 proxy_read_timeout_s: float = 30.0, ready_timeout_s: float = 600.0):
+        self.kind = kind
+        self.servers = servers
+        self.proxy_port = proxy_port
+        self.proxy_read_timeout_s = proxy_read_timeout_s
+        self.ready_timeout_s = ready_timeout_s
+        self.proxy: ManagedProcess | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def prefill(self) -> list[VLLMServer]:
+        return [s for s in self.servers if s.spec.role == "prefill"]
+
+    @property
+    def decode(self) -> list[VLLMServer]:
+        return [s for s in self.servers if s.spec.role == "decode"]
+
+    @property
+    def url(self) -> str:
+        if self.proxy_port is not None:
+            return f"http://127.0.0.1:{self.proxy_port}"
+        return self.servers[0].url
+
+    def start(self) -> Deployment:
+        """Start all servers in parallel, wait for all, then the proxy. Stops everything on failure."""
+        t0 = time.monotonic()
+        try:
+            for server in self.servers:
+                server.start()
+            for server in self.servers:
+                server.wait_ready(self.ready_timeout_s)
+            if self.proxy_port is not None:
+                self.proxy = start_proxy([s.url for s in self.prefill], [s.url for s in self.decode],
+                                         port=self.proxy_port, read_timeout_s=self.proxy_read_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        """Stop the proxy and every server (each by its own process group). Idempotent."""
+        if self.proxy is not None:
+            self.proxy.stop()
+        for server in self.servers:
+            server.stop()
+
+    def alive(self) -> bool:
+        return all(s.alive() for s in self.servers) and (self.proxy is None or self.proxy.alive())
+
+    def decode_metrics(self) -> list[MetricsSnapshot]:
+        """A ``/metrics`` snapshot of every decode server (of the colocated server if none)."""
+        targets = self.decode or self.servers
+        return [scrape_metrics(s.url) for s in targets]
+
+    def processes(self) -> list[ManagedProcess]:
+        procs = [s.process for s in self.servers if s.process is not None]
+        return procs + ([self.proxy] if self.proxy is not None else [])
+
+    def describe(self) -> str:
+        lines = [f"{self.kind} deployment, entry point {self.url}"]
+        for s in self.servers:
+            place = f"cores {s.spec.cores}" if s.spec.resolved_device() == "cpu" else f"GPUs {s.spec.gpus}"
+            lines.append(f"  {s.spec.role:<9} {s.url}  {place}  log {s.log_path}")
+        if self.proxy is not None:
+            lines.append(f"  proxy     {self.url}  log {self.proxy.log_path}")
+        return "\n".join(lines)
+
+    def __enter__(self) -> Deployment:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<Deployment {self.kind} {self.url}>"
+
+
+def _defaults(device: str) -> tuple[str | None, str | None, str | None]:
+    """(all, first half, second half) placement strings for cores or GPUs."""
+    if device == "cuda":
+        return "0,1", "0", "1"
+    return "0-1", "0", "1"
+
+
+def colocated(model: str | Path, *, port: int = 8100, cores: str | None = None, gpus: str | None = None,
+              device: str = "auto", ready_timeout_s: float = 600.0, **spec_kwargs) -> Deployment:
+    """One server doing prefill and decode, on the whole budget (both cores / both GPUs)."""
+    dev = detect_serve_device() if device == "auto" else device
+    all_, _, _ = _defaults(dev)
+    spec = VLLMServerSpec(model=str(model), role="colocated", port=port, device=dev,
+                          cores=cores if cores is not None else (all_ if dev == "cpu" else None),
+                          gpus=gpus if gpus is not None else (all_ if dev == "cuda" else None), **spec_kwargs)
+    return Deployment("colocated", [VLLMServer(spec)], ready_timeout_s=ready_timeout_s)
+
+
+def disaggregated(model: str | Path, *, connector: str = "nixl", n_prefill: int = 1, n_decode: int = 1,
+                  prefill_cores: Sequence[str] | str | None = None, decode_cores: Sequence[str] | str | None = None,
+                  prefill_gpus: Sequence[str] | str | None = None, decode_gpus: Sequence[str] | str | None = None,
+                  proxy_port: int = 8000, prefill_port: int = 8100, decode_port: int = 8200,
+                  side_channel_port: int = 5600, device: str = "auto", proxy_read_timeout_s: float = 30.0,
+                  ready_timeout_s: float = 600.0, **spec_kwargs) -> Deployment:
+    """``n_prefill`` prefill + ``n_decode`` decode servers with a KV connector, behind the proxy.
+
+    Placement lists give one entry per instance (a single string is used for all of them).
+    Ports: prefill ``prefill_port + i``, decode ``decode_port + i``, NIXL side channels from
+    ``side_channel_port`` upwards, one per instance.
+    """
+    dev = detect_serve_device() if device == "auto" else device
+    _, first, second = _defaults(dev)
+
+    def places(value, default, n):
+        if value is None:
+            return [default] * n
+        if isinstance(value, str):
+            return [value] * n
+        if len(value) != n:
+            raise ValueError(f"need {n} placements, got {list(value)}")
+        return list(value)
+
+    base = VLLMServerSpec(model=str(model), connector=connector, device=dev, **spec_kwargs)
+    if connector == "example" and base.storage_path is None:
+        store = build_dir() / "kv-store" / f"{prefill_port}"
+        store.mkdir(parents=True, exist_ok=True)
+        base = replace(base, storage_path=str(store))
+    servers: list[VLLMServer] = []
+    side = side_channel_port
+    p_places = places(prefill_cores if dev == "cpu" else prefill_gpus, first, n_prefill)
+    d_places = places(decode_cores if dev == "cpu" else decode_gpus, second, n_decode)
+    for role, n, port0, plc in (("prefill", n_prefill, prefill_port, p_places),
+                                ("decode", n_decode, decode_port, d_places)):
+        for i in range(n):
+            spec = replace(base, role=role, port=port0 + i, side_channel_port=side,
+                           cores=plc[i] if dev == "cpu" else None, gpus=plc[i] if dev == "cuda" else None,
+                           extra_args=list(base.extra_args), extra_env=dict(base.extra_env))
+            servers.append(VLLMServer(spec))
+            side += 1
+    if not servers:
+        raise ServerStartError("no servers to start")
+    return Deployment(f"{n_prefill}P{n_decode}D-{connector}", servers, proxy_port=proxy_port,
+                      proxy_read_timeout_s=proxy_read_timeout_s, ready_timeout_s=ready_timeout_s)

@@ -1,0 +1,153 @@
+"""Evidence of KV transfer, read from a vLLM decode server's Prometheus ``/metrics``.
+
+vLLM (v1 engine, 0.11+) counts every prompt token by where its KV came from
+(``vllm:prompt_tokens_by_source_total{source=...}``, ``vllm/v1/metrics/stats.py``
+``PromptTokenStats``): ``local_compute`` (prefilled here), ``local_cache_hit`` (prefix cache) and
+``external_kv_transfer`` (loaded through the KV connector). On a decode instance that works, the
+prompt tokens are ``external_kv_transfer`` and only the last, partial block is recomputed; a decode
+instance that recomputed everything (the transfer silently failed) shows ``local_compute`` ≈ all.
+The NIXL connector adds histograms per transfer: ``vllm:nixl_bytes_transferred`` (bytes),
+``vllm:nixl_xfer_time_seconds`` and ``vllm:nixl_num_failed_transfers``.
+
+Counters are cumulative: take a snapshot before and after a run and use the difference.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["parse_prometheus", "scrape_metrics", "MetricsSnapshot", "KVTransferEvidence", "kv_transfer_evidence"]
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\d+)?$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Parse the Prometheus text exposition format into ``(name, labels, value)`` samples."""
+    samples = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m.group(3) or ""))
+        try:
+            value = float(m.group(4))
+        except ValueError:
+            continue
+        samples.append((m.group(1), labels, value))
+    return samples
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Samples of one scrape; :meth:`total` sums a metric over label sets matching ``labels``."""
+
+    samples: tuple[tuple[str, tuple[tuple[str, str], ...], float], ...]
+
+    @classmethod
+    def from_text(cls, text: str) -> MetricsSnapshot:
+        return cls(tuple((n, tuple(sorted(lbl.items())), v) for n, lbl, v in parse_prometheus(text)))
+
+    def total(self, name: str, **labels: str) -> float:
+        names = {name, name.replace("vllm:", "vllm_")}
+        out = 0.0
+        for n, lbl, v in self.samples:
+            if n in names and all(dict(lbl).get(k) == val for k, val in labels.items()) and not math.isnan(v):
+                out += v
+        return out
+
+    def has(self, name: str) -> bool:
+        names = {name, name.replace("vllm:", "vllm_")}
+        return any(n in names for n, _, _ in self.samples)
+
+
+def scrape_metrics(base_url: str, timeout_s: float = 10.0) -> MetricsSnapshot:
+    """GET ``{base_url}/metrics`` and parse it."""
+    with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout_s) as resp:
+        return MetricsSnapshot.from_text(resp.read().decode("utf-8", "replace"))
+
+
+@dataclass
+class KVTransferEvidence:
+    """What a decode server did with prompt tokens between two snapshots (tokens, bytes, seconds)."""
+
+    requests: int
+    prompt_tokens: int
+    external_kv_tokens: int
+    local_compute_tokens: int
+    local_cache_hit_tokens: int
+    nixl_transfers: int
+    nixl_bytes: float
+    nixl_xfer_time_s: float
+    nixl_failed_transfers: int
+
+    @property
+    def transferred_fraction(self) -> float:
+        """Share of prompt tokens whose KV was loaded from the prefill side (0–1)."""
+        return self.external_kv_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def recomputed(self) -> bool:
+        """True when decode computed most prompt tokens itself: the transfer did not happen."""
+        return self.prompt_tokens > 0 and self.external_kv_tokens < 0.5 * self.prompt_tokens
+
+    @property
+    def bytes_per_request(self) -> float:
+        return self.nixl_bytes / self.requests if self.requests else 0.0
+
+    @property
+    def xfer_time_per_transfer_s(self) -> float:
+        return self.nixl_xfer_time_s / self.nixl_transfers if self.nixl_transfers else 0.0
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.nixl_bytes / self.nixl_xfer_time_s if self.nixl_xfer_time_s else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(transferred_fraction=self.transferred_fraction, recomputed=self.recomputed,
+                 bytes_per_request=self.bytes_per_request,
+                 xfer_time_per_transfer_s=self.xfer_time_per_transfer_s,
+                 bandwidth_bytes_per_s=self.bandwidth_bytes_per_s)
+        return d
+
+    def summary(self) -> str:
+        lines = [f"decode server: {self.requests} requests, {self.prompt_tokens:,} prompt tokens — "
+                 f"{self.external_kv_tokens:,} loaded through the KV connector "
+                 f"({self.transferred_fraction:.0%}), {self.local_compute_tokens:,} recomputed locally, "
+                 f"{self.local_cache_hit_tokens:,} from its prefix cache"]
+        if self.nixl_transfers:
+            lines.append(f"NIXL: {self.nixl_transfers} transfers, {self.nixl_bytes / 1e6:.2f} MB "
+                         f"({self.bytes_per_request / 1e3:.1f} kB per request), "
+                         f"{self.xfer_time_per_transfer_s * 1e3:.2f} ms per transfer, "
+                         f"{self.bandwidth_bytes_per_s / 1e9:.2f} GB/s; failed: {self.nixl_failed_transfers}")
+        if self.recomputed:
+            lines.append("WARNING: decode recomputed the prompts instead of loading their KV — "
+                         "the transfer did not happen (check the connector config and both logs).")
+        return "\n".join(lines)
+
+
+def kv_transfer_evidence(before: MetricsSnapshot, after: MetricsSnapshot) -> KVTransferEvidence:
+    """The difference of two snapshots of a decode server's ``/metrics``."""
+    def delta(name: str, **labels: str) -> float:
+        return after.total(name, **labels) - before.total(name, **labels)
+
+    src = "vllm:prompt_tokens_by_source_total"
+    return KVTransferEvidence(
+        requests=int(delta("vllm:request_success_total")),
+        prompt_tokens=int(delta("vllm:prompt_tokens_total")),
+        external_kv_tokens=int(delta(src, source="external_kv_transfer")),
+        local_compute_tokens=int(delta(src, source="local_compute")),
+        local_cache_hit_tokens=int(delta(src, source="local_cache_hit")),
+        nixl_transfers=int(delta("vllm:nixl_bytes_transferred_count")),
+        nixl_bytes=delta("vllm:nixl_bytes_transferred_sum"),
+        nixl_xfer_time_s=delta("vllm:nixl_xfer_time_seconds_sum"),
+        nixl_failed_transfers=int(delta("vllm:nixl_num_failed_transfers_total")),
+    )

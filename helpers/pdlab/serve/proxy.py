@@ -1,0 +1,248 @@
+"""The disaggregation proxy: vLLM's ``kv_transfer_params`` protocol on aiohttp, xPyD, round robin.
+
+For each OpenAI request (``/v1/completions``, ``/v1/chat/completions``):
+
+1. send a copy to a prefill server (round robin) with ``max_tokens=1``, ``stream=false`` and
+   ``"kv_transfer_params": {"do_remote_decode": true, ...}``: the prefill server computes the
+   prompt's KV, keeps it for the decode side and answers with its own ``kv_transfer_params``
+   (engine id, block ids, host, port);
+2. send the original request to a decode server (round robin) with those ``kv_transfer_params``:
+   the decode server pulls the KV (NIXL) or loads it (example connector) instead of recomputing,
+   and generates; its answer (streamed or not) goes back to the client unchanged.
+
+This is the protocol of vLLM's ``toy_proxy_server.py`` (examples/online_serving/disaggregated_serving,
+vLLM 0.8+). Errors: a malformed request → 400 before any backend is touched; a prefill 4xx is passed
+through; a backend that is down or dies → 502/504 within the configured time limits, and a stream
+cut mid-way ends with an SSE ``error`` event (never a hang).
+
+Run: ``python -m pdlab.serve.proxy --port 8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
+
+__all__ = ["ProxyConfig", "make_app", "prefill_request", "decode_request", "validate_request", "main"]
+
+log = logging.getLogger("pdlab.proxy")
+_ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+
+@dataclass
+class ProxyConfig:
+    """Backends and time limits (seconds) of a proxy."""
+
+    prefill_urls: list[str]
+    decode_urls: list[str]
+    connect_timeout_s: float = 5.0
+    prefill_timeout_s: float = 120.0
+    read_timeout_s: float = 60.0  # longest silence allowed between chunks from decode
+    stats: dict[str, int] = field(default_factory=lambda: {"requests": 0, "ok": 0, "client_errors": 0,
+                                                           "backend_errors": 0})
+
+
+class BadRequest(ValueError):
+    """The client's request is malformed (→ HTTP 400)."""
+
+
+def validate_request(kind: str, body: Any) -> dict[str, Any]:
+    """Check the minimum a backend needs; raise :class:`BadRequest` naming the problem."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    if kind == "completions":
+        prompt = body.get("prompt")
+        if not isinstance(prompt, (str, list)) or (isinstance(prompt, list) and not prompt):
+            raise BadRequest("'prompt' must be a non-empty string or list")
+    else:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("'messages' must be a non-empty list of objects")
+    for key in ("max_tokens", "max_completion_tokens"):
+        if key in body and body[key] is not None and (not isinstance(body[key], int) or body[key] < 1):
+            raise BadRequest(f"'{key}' must be a positive integer")
+    return body
+
+
+def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The request the prefill server gets: one token, no streaming, ``do_remote_decode``."""
+    req = copy.deepcopy(body)
+    req["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
+                                 "remote_engine_id": None, "remote_block_ids": None,
+                                 "remote_host": None, "remote_port": None}
+    req["max_tokens"] = 1
+    if "max_completion_tokens" in req:
+        req["max_completion_tokens"] = 1
+    req["stream"] = False
+    for key in ("stream_options", "min_tokens"):
+        req.pop(key, None)
+    return req
+
+
+def decode_request(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
+    """The request the decode server gets: the client's, plus the prefill's ``kv_transfer_params``."""
+    req = copy.deepcopy(body)
+    if kv_transfer_params:
+        req["kv_transfer_params"] = kv_transfer_params
+    return req
+
+
+def _error(status: int, message: str, kind: str = "proxy_error") -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+def make_app(config: ProxyConfig) -> web.Application:
+    """The aiohttp application (also used directly by tests with aiohttp's test client)."""
+    if not config.prefill_urls or not config.decode_urls:
+        raise ValueError("a disaggregation proxy needs at least one prefill and one decode URL")
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    prefill_rr = itertools.cycle(range(len(config.prefill_urls)))
+    decode_rr = itertools.cycle(range(len(config.decode_urls)))
+    timeout = ClientTimeout(total=None, connect=config.connect_timeout_s, sock_connect=config.connect_timeout_s,
+                            sock_read=config.read_timeout_s)
+
+    async def on_startup(app: web.Application) -> None:
+        app["session"] = ClientSession(timeout=timeout)
+
+    async def on_cleanup(app: web.Application) -> None:
+        await app["session"].close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        kind = _ENDPOINTS[request.path]
+        config.stats["requests"] += 1
+        try:
+            body = validate_request(kind, await request.json())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            config.stats["client_errors"] += 1
+            return _error(400, "the request body is not valid JSON", "invalid_request_error")
+        except BadRequest as exc:
+            config.stats["client_errors"] += 1
+            return _error(400, str(exc), "invalid_request_error")
+        session: ClientSession = request.app["session"]
+        p_url = config.prefill_urls[next(prefill_rr)]
+        d_url = config.decode_urls[next(decode_rr)]
+        request_id = request.headers.get("X-Request-Id") or str(uuid.uuid4())
+        headers = {"X-Request-Id": request_id}
+        if "Authorization" in request.headers:
+            headers["Authorization"] = request.headers["Authorization"]
+        # 1. prefill
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(config.prefill_timeout_s):
+                async with session.post(p_url + request.path, json=prefill_request(body), headers=headers) as resp:
+                    payload = await resp.read()
+                    if resp.status != 200:
+                        config.stats["backend_errors" if resp.status >= 500 else "client_errors"] += 1
+                        status = resp.status if 400 <= resp.status < 500 else 502
+                        return web.Response(status=status, body=payload, content_type="application/json")
+                    kv_params = json.loads(payload).get("kv_transfer_params")
+        except TimeoutError:
+            config.stats["backend_errors"] += 1
+            return _error(504, f"prefill server {p_url} did not answer within {config.prefill_timeout_s:g} s")
+        except (ClientError, OSError, json.JSONDecodeError) as exc:
+            config.stats["backend_errors"] += 1
+            return _error(502, f"prefill server {p_url} failed: {type(exc).__name__}: {exc}")
+        prefill_s = time.perf_counter() - t0
+        # 2. decode, streamed back as it arrives
+        stream = bool(body.get("stream"))
+        response: web.StreamResponse | None = None
+        try:
+            async with session.post(d_url + request.path, json=decode_request(body, kv_params),
+                                    headers=headers) as resp:
+                if resp.status != 200:
+                    payload = await resp.read()
+                    config.stats["backend_errors"] += 1
+                    status = resp.status if 400 <= resp.status < 500 else 502
+                    return web.Response(status=status, body=payload, content_type="application/json")
+                response = web.StreamResponse(status=200, headers={
+                    "Content-Type": resp.headers.get("Content-Type", "application/json"),
+                    "X-Request-Id": request_id, "X-Prefill-Seconds": f"{prefill_s:.6f}",
+                    "X-Prefill-Url": p_url, "X-Decode-Url": d_url})
+                await response.prepare(request)
+                async for chunk in resp.content.iter_any():
+                    await response.write(chunk)
+        except (ClientError, OSError, TimeoutError) as exc:
+            config.stats["backend_errors"] += 1
+            message = f"decode server {d_url} failed: {type(exc).__name__}: {exc}"
+            if response is None:
+                return _error(504 if isinstance(exc, TimeoutError) else 502, message)
+            if stream:  # headers already sent: end the stream with an error event
+                err = {"error": {"message": message, "type": "proxy_error", "code": 502}}
+                try:
+                    await response.write(f"data: {json.dumps(err)}\n\n".encode())
+                except (ConnectionError, RuntimeError):
+                    pass
+            return response
+        config.stats["ok"] += 1
+        await response.write_eof()
+        return response
+
+    async def health(request: web.Request) -> web.Response:
+        session: ClientSession = request.app["session"]
+        states = {}
+        for url in config.prefill_urls + config.decode_urls:
+            try:
+                async with asyncio.timeout(config.connect_timeout_s):
+                    async with session.get(url + "/health") as resp:
+                        states[url] = resp.status == 200
+            except (ClientError, OSError, TimeoutError):
+                states[url] = False
+        ok = all(states.values())
+        return web.json_response({"status": "ok" if ok else "degraded", "backends": states},
+                                 status=200 if ok else 503)
+
+    async def models(request: web.Request) -> web.Response:
+        session: ClientSession = request.app["session"]
+        url = config.decode_urls[0]
+        try:
+            async with asyncio.timeout(config.connect_timeout_s * 2):
+                async with session.get(url + "/v1/models") as resp:
+                    return web.Response(status=resp.status, body=await resp.read(), content_type="application/json")
+        except (ClientError, OSError, TimeoutError) as exc:
+            return _error(502, f"decode server {url} failed: {type(exc).__name__}: {exc}")
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({**config.stats, "prefill": config.prefill_urls, "decode": config.decode_urls})
+
+    for path in _ENDPOINTS:
+        app.router.add_post(path, handle)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/proxy/stats", stats)
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pdlab.serve.proxy", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--prefill", nargs="+", required=True, help="prefill server URLs")
+    parser.add_argument("--decode", nargs="+", required=True, help="decode server URLs")
+    parser.add_argument("--read-timeout", type=float, default=60.0, help="seconds of silence from decode allowed")
+    parser.add_argument("--connect-timeout", type=float, default=5.0)
+    parser.add_argument("--prefill-timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = ProxyConfig([u.rstrip("/") for u in args.prefill], [u.rstrip("/") for u in args.decode],
+                         connect_timeout_s=args.connect_timeout, prefill_timeout_s=args.prefill_timeout,
+                         read_timeout_s=args.read_timeout)
+    web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
+                print=lambda msg: print(msg, flush=True))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
