@@ -71,7 +71,7 @@ def size_sweep(smallest: int | str = "4KiB", largest: int | str = "256MiB", step
 #: Sweeps per notebook profile: smoke (seconds), ci (about a minute on 2 cores), full (to 1 GiB).
 PROFILE_SIZES: dict[str, list[int]] = {
     "smoke": [4096, 1024**2],
-    "ci": size_sweep("4KiB", "64MiB", 16),
+    "ci": size_sweep("4KiB", "16MiB", 16),
     "default": size_sweep("4KiB", "256MiB", 4),
     "full": size_sweep("4KiB", "1GiB", 4),
 }

@@ -224,7 +224,7 @@ def _client_main(argv: list[str] | None = None) -> None:
         plan = json.loads(sys.stdin.readline())
         n, bb = plan["blocks"], plan["block_bytes"]
         total = n * bb
-        seg = total + (64 << 20) if args.role == "writer" else 16 << 20
+        seg = plan["rounds"] * total + (64 << 20) if args.role == "writer" else 16 << 20
         with StoreClient(args.master, segment_bytes=seg, buffer_bytes=16 << 20) as client:
             buf = make_payload(total, plan.get("seed", 0)) if args.role == "writer" else np.zeros(total, np.uint8)
             client.register(buf)
@@ -235,8 +235,6 @@ def _client_main(argv: list[str] | None = None) -> None:
                     break
                 keys = cmd["keys"]
                 if args.role == "writer":
-                    for k in keys:
-                        client.remove(k)
                     t0 = time.perf_counter()
                     client.put_blocks(keys, buf, bb)
                     report(type="put", seconds=time.perf_counter() - t0, crc=checksum(buf))
@@ -301,7 +299,7 @@ def store_benchmark(blocks: int = 64, block_bytes: int = 1 << 20, *, repeats: in
         raise StoreError(why)
     tokens = np.random.default_rng(0).integers(0, 32000, size=blocks * block_tokens).tolist()
     keys = prefix_block_keys(tokens, block_tokens, namespace="pdlab-bench")
-    plan = {"blocks": blocks, "block_bytes": block_bytes, "seed": 0}
+    plan = {"blocks": blocks, "block_bytes": block_bytes, "seed": 0, "rounds": repeats + 1}
     deadline = time.monotonic() + timeout_s
     puts, gets, verified = [], [], True
     writer = reader = None
@@ -313,10 +311,12 @@ def store_benchmark(blocks: int = 64, block_bytes: int = 1 << 20, *, repeats: in
                 peer.send_line(plan)
                 while peer.next_report(deadline).get("type") != "ready":
                     pass
-            for _ in range(repeats + 1):  # the first round warms up connections
-                writer.send_line({"op": "put", "keys": keys})
+            for r in range(repeats + 1):  # the first round warms up connections
+                # fresh keys per round (a removed key may still hold a lease): "r<round>/<prefix key>"
+                round_keys = [f"r{r}/{k}" for k in keys]
+                writer.send_line({"op": "put", "keys": round_keys})
                 put = writer.next_report(deadline)
-                reader.send_line({"op": "get", "keys": keys})
+                reader.send_line({"op": "get", "keys": round_keys})
                 get = reader.next_report(deadline)
                 puts.append(put["seconds"])
                 gets.append(get["seconds"])
