@@ -37,6 +37,11 @@ __all__ = [
     "reference_latencies",
     "evaluate_design",
     "cheapest_design",
+    "Scenario",
+    "DECISION_SCENARIOS",
+    "mode_goodputs",
+    "NexusGPU",
+    "nexus_gpu",
 ]
 
 GPU_LETTERS = {"A": "a100-80gb", "H": "h100-sxm"}
@@ -234,3 +239,150 @@ def cheapest_design(prompt_gpu: str, token_gpu: str | None, requests: Sequence[R
         else:
             n_p += 1
     return out.best, out.rows
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One row of the "when to disaggregate" matrix: a model on a GPU type, request shape, SLOs (s)."""
+
+    name: str
+    model: str
+    gpu: str
+    tp: int
+    prompt_tokens: int
+    output_tokens: int
+    ttft_slo_s: float
+    tpot_slo_s: float
+    dtype: str = "bf16"
+    note: str = ""
+
+
+#: The decision matrix of notebook 09 (shapes and SLOs are the course's choices, stated in the notebook).
+DECISION_SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("chatbot, long histories", "llama-3-70b", "h100-sxm", 4, 8000, 300, 2.0, 0.10,
+             note="Mooncake-like: long prompts, moderate outputs"),
+    Scenario("agentic tool loop", "llama-3-70b", "h100-sxm", 4, 6000, 80, 1.0, 0.05,
+             note="long context re-sent every step, short tool calls"),
+    Scenario("code completion", "llama-3-8b", "h100-sxm", 1, 1500, 30, 0.15, 0.03,
+             note="tight TTFT, few tokens"),
+    Scenario("long-form generation", "llama-3-70b", "h100-sxm", 4, 500, 1500, 1.0, 0.05,
+             note="decode-dominated"),
+    Scenario("batch scoring", "llama-3-70b", "h100-sxm", 4, 1000, 1, 5.0, 1.0,
+             note="prefill only, loose latency"),
+    Scenario("small 7B model", "mistral-7b", "a100-80gb", 1, 700, 200, 0.25, 0.10,
+             note="ShareGPT-like shape, DistServe's chatbot SLOs"),
+    Scenario("frontier MoE", "deepseek-v3", "h200", 8, 4000, 500, 3.0, 0.10, dtype="fp8",
+             note="671B MoE with MLA, fp8 weights and KV"),
+)
+
+
+def mode_goodputs(scenario: Scenario, settings: Any = None, *, attainment: float = 0.9,
+                  ratios: Sequence[tuple[int, int]] = ((1, 1), (3, 1), (1, 2))) -> dict[str, Any]:
+    """Per-GPU goodput (req/s per GPU at ``attainment``) of colocated, chunked-prefill and disaggregated
+    serving for one scenario, with :mod:`pdlab.placement`'s rate search. Disaggregated takes the best
+    prefill:decode instance ratio of ``ratios`` (instances of ``scenario.tp`` GPUs each)."""
+    from dataclasses import replace
+
+    from pdlab.metrics import SLO
+    from pdlab.placement import SEARCH_PROFILES, ParallelConfig, colocated_goodput, make_env, pair_goodput
+
+    settings = settings or SEARCH_PROFILES["ci"]
+    n = max(50, settings.requests)
+    base = make_requests(np.arange(n) * 0.1, scenario.prompt_tokens, scenario.output_tokens)
+    env = make_env(scenario.model, scenario.gpu, base, SLO(ttft_s=scenario.ttft_slo_s, tpot_s=scenario.tpot_slo_s),
+                   attainment=attainment, settings=settings)
+    env = replace(env, dtype=scenario.dtype)
+    cfg = ParallelConfig(scenario.tp, 1)
+    colo = colocated_goodput(env, cfg, "vllm").per_gpu_goodput_rps
+    chunked = colocated_goodput(env, cfg, "chunked").per_gpu_goodput_rps
+    best, best_ratio = 0.0, ratios[0]
+    for n_p, n_d in ratios:
+        g = pair_goodput(env, cfg, cfg, n_p, n_d).per_gpu_goodput_rps
+        if g > best:
+            best, best_ratio = g, (n_p, n_d)
+    winner = max((("colocated", colo), ("chunked prefill", chunked), ("disaggregated", best)), key=lambda kv: kv[1])
+    return {"scenario": scenario.name, "model": scenario.model, "gpu": scenario.gpu, "GPUs per instance": scenario.tp,
+            "prompt/output tokens": f"{scenario.prompt_tokens}/{scenario.output_tokens}",
+            "TTFT/TPOT SLO (s)": f"{scenario.ttft_slo_s:g}/{scenario.tpot_slo_s:g}",
+            "colocated (req/s/GPU)": colo, "chunked (req/s/GPU)": chunked, "disaggregated (req/s/GPU)": best,
+            "best P:D ratio": f"{best_ratio[0]}:{best_ratio[1]}", "winner": winner[0] if winner[1] > 0 else "none meets SLO"}
+
+
+@dataclass(frozen=True)
+class NexusGPU:
+    """One GPU shared by prefill and decode (intra-GPU disaggregation, Nexus arXiv 2507.06608), as a fluid model.
+
+    A fraction ``x`` of the SMs runs prefill, ``1 − x`` decode. Returns diminish past saturation
+    (Nexus's observation): prefill gets ``flops · (1 − e^(−x/k)) / (1 − e^(−1/k))`` of the compute,
+    decode ``hbm · min(1, (1 − x) / decode_sm_saturation)`` of the bandwidth (a few SMs already
+    saturate HBM for memory-bound decode). Units: FLOP/s, bytes/s, tokens, seconds.
+    """
+
+    flops: float
+    hbm_bytes_per_s: float
+    weight_bytes: float
+    kv_bytes_per_token: float
+    flops_per_prompt_token: float
+    prefill_curvature: float = 0.35
+    decode_sm_saturation: float = 0.3
+    compute_efficiency: float = 0.7
+    memory_efficiency: float = 0.8
+    max_prefill_utilization: float = 0.8
+
+    def prefill_rate(self, x: float) -> float:
+        """Effective prefill FLOP/s with a fraction ``x`` of the SMs."""
+        k = self.prefill_curvature
+        return self.flops * self.compute_efficiency * (1 - np.exp(-x / k)) / (1 - np.exp(-1 / k))
+
+    def decode_bandwidth(self, x: float) -> float:
+        """Effective decode bytes/s with the other ``1 − x`` of the SMs."""
+        return self.hbm_bytes_per_s * self.memory_efficiency * min(1.0, (1 - x) / self.decode_sm_saturation)
+
+    def max_rate(self, x: float, prompt_tokens: int, output_tokens: int, tpot_slo_s: float) -> float:
+        """Highest request rate (req/s) with prefill utilisation ≤ the cap and a decode step ≤ the TPOT SLO.
+
+        Decode step T = W/Bd + n·ctx·kv/Bd with n = λ·output·T requests in flight (Little's law), so
+        λ ≤ (Bd − W/TPOT) / (output·ctx·kv), ctx = prompt + output/2.
+        """
+        if not 0 < x < 1:
+            return 0.0
+        lam_p = self.max_prefill_utilization * self.prefill_rate(x) / (prompt_tokens * self.flops_per_prompt_token)
+        bd = self.decode_bandwidth(x)
+        ctx = prompt_tokens + output_tokens / 2
+        lam_d = max(0.0, (bd - self.weight_bytes / tpot_slo_s) / (output_tokens * ctx * self.kv_bytes_per_token))
+        return float(min(lam_p, lam_d))
+
+    def colocated_max_rate(self, prompt_tokens: int, output_tokens: int, tpot_slo_s: float) -> float:
+        """Time-sharing (no split): prefill takes ρ of the GPU's time and stretches every decode step by 1/(1−ρ)."""
+        best = 0.0
+        for lam in np.linspace(0.01, 200, 4000):
+            rho = lam * prompt_tokens * self.flops_per_prompt_token / (self.flops * self.compute_efficiency)
+            if rho >= self.max_prefill_utilization:
+                break
+            bd = self.hbm_bytes_per_s * self.memory_efficiency
+            ctx = prompt_tokens + output_tokens / 2
+            denom = 1 - lam * output_tokens * ctx * self.kv_bytes_per_token / bd / (1 - rho)
+            if denom <= 0:
+                break
+            step = self.weight_bytes / bd / denom / (1 - rho)
+            if step > tpot_slo_s:
+                break
+            best = float(lam)
+        return best
+
+    def best_split(self, prompt_tokens: int, output_tokens: int, tpot_slo_s: float,
+                   grid: int = 99) -> tuple[float, float]:
+        """(x, max rate) of the best static split on a grid — what a dynamic partitioner converges to."""
+        xs = np.linspace(0.01, 0.99, grid)
+        rates = [self.max_rate(float(x), prompt_tokens, output_tokens, tpot_slo_s) for x in xs]
+        i = int(np.argmax(rates))
+        return float(xs[i]), float(rates[i])
+
+
+def nexus_gpu(gpu: str, model: str, dtype: str = "bf16", **kwargs: Any) -> NexusGPU:
+    """A :class:`NexusGPU` for a catalog GPU and model (prefill FLOPs per token ≈ 2 × active parameters)."""
+    from pdlab.models import param_counts, weight_bytes
+
+    g, m = get_gpu(gpu), get_model(model)
+    return NexusGPU(g.peak_flops("bf16" if dtype not in ("fp8",) else "fp8"), g.hbm_bytes_per_s,
+                    weight_bytes(m, dtype), kv_bytes_per_token(m, dtype), 2.0 * param_counts(m)["active"], **kwargs)
