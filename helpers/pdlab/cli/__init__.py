@@ -20,7 +20,8 @@ __all__ = ["main", "build_parser", "emit", "CLIError"]
 _COMMANDS = ["pdlab.cli.kv", "pdlab.cli.course", "pdlab.cli.trace", "pdlab.cli.queue", "pdlab.cli.simulate", "pdlab.cli.place",
              "pdlab.cli.roofline",
              "pdlab.cli.transfer",
-             "pdlab.cli.model", "pdlab.cli.serve", "pdlab.cli.bench"]
+             "pdlab.cli.model", "pdlab.cli.serve", "pdlab.cli.bench",
+             "pdlab.cli.workload", "pdlab.cli.router"]
 
 
 class CLIError(Exception):
