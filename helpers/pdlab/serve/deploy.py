@@ -47,14 +47,16 @@ class Deployment:
     """Servers (and a proxy) started together; ``url`` is where clients send requests."""
 
     def __init__(self, kind: str, servers: list[VLLMServer], proxy_port: int | None = None,
-                 proxy_read_timeout_s: float = 30.0, ready_timeout_s: float = 600.0):
+                 proxy_read_timeout_s: float = 30.0, ready_timeout_s: float = 600.0, warmup: bool = True):
         self.kind = kind
         self.servers = servers
         self.proxy_port = proxy_port
         self.proxy_read_timeout_s = proxy_read_timeout_s
         self.ready_timeout_s = ready_timeout_s
+        self.warmup = warmup
         self.proxy: ManagedProcess | None = None
         self.startup_s: float | None = None
+        self.warmup_s: float | None = None
 
     @property
     def prefill(self) -> list[VLLMServer]:
@@ -81,11 +83,40 @@ class Deployment:
             if self.proxy_port is not None:
                 self.proxy = start_proxy([s.url for s in self.prefill], [s.url for s in self.decode],
                                          port=self.proxy_port, read_timeout_s=self.proxy_read_timeout_s)
+            self.startup_s = time.monotonic() - t0
+            if self.warmup:
+                self.warmup_s = self.warm_up()
         except BaseException:
             self.stop()
             raise
-        self.startup_s = time.monotonic() - t0
         return self
+
+    def warm_up(self, rounds: int = 2, timeout_s: float = 300.0) -> float:
+        """Send a few short requests through the entry point (first forward passes, NIXL handshake).
+
+        The first request to a fresh server (and the first KV pull between two instances) pays
+        one-off costs that must not land in a measurement. Returns the seconds spent.
+        """
+        import json
+        import urllib.request
+
+        t0 = time.monotonic()
+        model = self.servers[0].spec.served_model_name or self.served_model()
+        for i in range(rounds * max(len(self.prefill), len(self.decode), 1)):
+            body = {"model": model, "prompt": f"warm up {i} " * (40 + 40 * i), "max_tokens": 4, "ignore_eos": True}
+            req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                resp.read()
+        return time.monotonic() - t0
+
+    def served_model(self) -> str:
+        """The model id the servers answer to (``GET /v1/models`` of the first server)."""
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(self.servers[0].url + "/v1/models", timeout=30) as resp:
+            return json.loads(resp.read())["data"][0]["id"]
 
     def stop(self) -> None:
         """Stop the proxy and every server (each by its own process group). Idempotent."""
@@ -97,10 +128,10 @@ class Deployment:
     def alive(self) -> bool:
         return all(s.alive() for s in self.servers) and (self.proxy is None or self.proxy.alive())
 
-    def decode_metrics(self) -> list[MetricsSnapshot]:
-        """A ``/metrics`` snapshot of every decode server (of the colocated server if none)."""
+    def decode_metrics(self) -> MetricsSnapshot:
+        """One ``/metrics`` snapshot summed over the decode servers (the colocated server if none)."""
         targets = self.decode or self.servers
-        return [scrape_metrics(s.url) for s in targets]
+        return MetricsSnapshot(tuple(sample for s in targets for sample in scrape_metrics(s.url).samples))
 
     def processes(self) -> list[ManagedProcess]:
         procs = [s.process for s in self.servers if s.process is not None]
@@ -133,14 +164,15 @@ def _defaults(device: str) -> tuple[str | None, str | None, str | None]:
 
 
 def colocated(model: str | Path, *, port: int = 8100, cores: str | None = None, gpus: str | None = None,
-              device: str = "auto", ready_timeout_s: float = 600.0, **spec_kwargs) -> Deployment:
+              device: str = "auto", ready_timeout_s: float = 600.0, warmup: bool = True,
+              **spec_kwargs) -> Deployment:
     """One server doing prefill and decode, on the whole budget (both cores / both GPUs)."""
     dev = detect_serve_device() if device == "auto" else device
     all_, _, _ = _defaults(dev)
     spec = VLLMServerSpec(model=str(model), role="colocated", port=port, device=dev,
                           cores=cores if cores is not None else (all_ if dev == "cpu" else None),
                           gpus=gpus if gpus is not None else (all_ if dev == "cuda" else None), **spec_kwargs)
-    return Deployment("colocated", [VLLMServer(spec)], ready_timeout_s=ready_timeout_s)
+    return Deployment("colocated", [VLLMServer(spec)], ready_timeout_s=ready_timeout_s, warmup=warmup)
 
 
 def disaggregated(model: str | Path, *, connector: str = "nixl", n_prefill: int = 1, n_decode: int = 1,
@@ -148,7 +180,7 @@ def disaggregated(model: str | Path, *, connector: str = "nixl", n_prefill: int 
                   prefill_gpus: Sequence[str] | str | None = None, decode_gpus: Sequence[str] | str | None = None,
                   proxy_port: int = 8000, prefill_port: int = 8100, decode_port: int = 8200,
                   side_channel_port: int = 5600, device: str = "auto", proxy_read_timeout_s: float = 30.0,
-                  ready_timeout_s: float = 600.0, **spec_kwargs) -> Deployment:
+                  ready_timeout_s: float = 600.0, warmup: bool = True, **spec_kwargs) -> Deployment:
     """``n_prefill`` prefill + ``n_decode`` decode servers with a KV connector, behind the proxy.
 
     Placement lists give one entry per instance (a single string is used for all of them).
@@ -187,4 +219,4 @@ def disaggregated(model: str | Path, *, connector: str = "nixl", n_prefill: int 
     if not servers:
         raise ServerStartError("no servers to start")
     return Deployment(f"{n_prefill}P{n_decode}D-{connector}", servers, proxy_port=proxy_port,
-                      proxy_read_timeout_s=proxy_read_timeout_s, ready_timeout_s=ready_timeout_s)
+                      proxy_read_timeout_s=proxy_read_timeout_s, ready_timeout_s=ready_timeout_s, warmup=warmup)

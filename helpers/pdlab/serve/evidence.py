@@ -95,8 +95,12 @@ class KVTransferEvidence:
 
     @property
     def recomputed(self) -> bool:
-        """True when decode computed most prompt tokens itself: the transfer did not happen."""
-        return self.prompt_tokens > 0 and self.external_kv_tokens < 0.5 * self.prompt_tokens
+        """True when decode computed most prompt tokens itself: the transfer did not happen.
+
+        Tokens found in decode's own prefix cache (a repeated prompt) are neither transferred
+        nor recomputed, so the test is on ``local_compute``, not on the transferred share.
+        """
+        return self.prompt_tokens > 0 and self.local_compute_tokens > 0.5 * self.prompt_tokens
 
     @property
     def bytes_per_request(self) -> float:

@@ -38,6 +38,7 @@ __all__ = ["ProxyConfig", "make_app", "prefill_request", "decode_request", "vali
 
 log = logging.getLogger("pdlab.proxy")
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+_SESSION = web.AppKey("session", ClientSession)
 
 
 @dataclass
@@ -113,10 +114,10 @@ def make_app(config: ProxyConfig) -> web.Application:
                             sock_read=config.read_timeout_s)
 
     async def on_startup(app: web.Application) -> None:
-        app["session"] = ClientSession(timeout=timeout)
+        app[_SESSION] = ClientSession(timeout=timeout)
 
     async def on_cleanup(app: web.Application) -> None:
-        await app["session"].close()
+        await app[_SESSION].close()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
@@ -132,7 +133,7 @@ def make_app(config: ProxyConfig) -> web.Application:
         except BadRequest as exc:
             config.stats["client_errors"] += 1
             return _error(400, str(exc), "invalid_request_error")
-        session: ClientSession = request.app["session"]
+        session: ClientSession = request.app[_SESSION]
         p_url = config.prefill_urls[next(prefill_rr)]
         d_url = config.decode_urls[next(decode_rr)]
         request_id = request.headers.get("X-Request-Id") or str(uuid.uuid4())
@@ -192,7 +193,7 @@ def make_app(config: ProxyConfig) -> web.Application:
         return response
 
     async def health(request: web.Request) -> web.Response:
-        session: ClientSession = request.app["session"]
+        session: ClientSession = request.app[_SESSION]
         states = {}
         for url in config.prefill_urls + config.decode_urls:
             try:
@@ -206,7 +207,7 @@ def make_app(config: ProxyConfig) -> web.Application:
                                  status=200 if ok else 503)
 
     async def models(request: web.Request) -> web.Response:
-        session: ClientSession = request.app["session"]
+        session: ClientSession = request.app[_SESSION]
         url = config.decode_urls[0]
         try:
             async with asyncio.timeout(config.connect_timeout_s * 2):

