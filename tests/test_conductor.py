@@ -84,3 +84,28 @@ def test_bad_arguments():
         Conductor(c, "fastest")
     with pytest.raises(ValueError, match="admission"):
         Conductor(c, admission="maybe")
+
+
+def test_early_rejection_moves_rejections_before_prefill(trace_600):
+    """arXiv v3 §7: early and prediction-based rejection refuse before prefill, wasting fewer prefills."""
+    reqs = scale_rate(read_mooncake_jsonl(mooncake_trace_path("conversation"), limit=1500), 2.0)
+    c = mooncake_cluster(8, 2, tbt_slo_s=0.025)
+    res = {a: Conductor(c, "global_cache_aware", a).run(reqs) for a in ("slo", "early", "predicted")}
+    wasted = {a: r.rejected_after_prefill for a, r in res.items()}
+    assert wasted["slo"] > wasted["early"] > wasted["predicted"]
+    assert res["predicted"].rejected_on_arrival > res["slo"].rejected_on_arrival
+    for r in res.values():
+        loads = [s["decode_load"] for s in r.samples]
+        assert loads and max(loads) > 0
+
+
+def test_prediction_is_unbiased_when_decode_is_light():
+    reqs = scale_rate(read_mooncake_jsonl(mooncake_trace_path("conversation"), limit=800), 2.0)
+    res = Conductor(mooncake_cluster(4, 2, tbt_slo_s=0.03), "global_cache_aware", "early").run(reqs)
+    pairs = [(r.extra["decode_load_predicted"], r.extra["decode_load_at_join"]) for r in res.records
+             if "decode_load_at_join" in r.extra]
+    pred = sum(p for p, _ in pairs) / len(pairs)
+    actual = sum(a for _, a in pairs) / len(pairs)
+    assert pred == pytest.approx(actual, rel=0.1)
+    with pytest.raises(ValueError, match="prediction"):
+        Conductor(mooncake_cluster(), prediction="oracle")

@@ -260,10 +260,15 @@ class Conductor:
     """Replays requests (anything with ``request_id``, ``arrival_s``, ``prompt_tokens``,
     ``output_tokens``, ``hash_ids``) through a :class:`Cluster` under one dispatch policy and one
     admission rule. Subclass and override :meth:`place` to try another global scheduler.
+
+    ``prediction`` (for ``admission="predicted"``): ``uniform`` — the paper's system-level rule, every
+    request stays in decode ``t_d`` seconds (``decode_time_s``, else a running mean); ``exponential`` —
+    a memoryless residual time, each decoding request still present with p = exp(−Δ/t_d).
     """
 
     def __init__(self, cluster: Cluster, policy: str = "global_cache_aware", admission: str = "none", *,
-                 seed: int = 0, sample_every_s: float = 10.0, decode_time_s: float | None = None) -> None:
+                 seed: int = 0, sample_every_s: float = 10.0, decode_time_s: float | None = None,
+                 prediction: str = "uniform") -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         if admission not in ADMISSIONS:
@@ -274,6 +279,10 @@ class Conductor:
         self.rng = random.Random(seed)
         self.sample_every_s = sample_every_s
         self.decode_time_s = decode_time_s
+        if prediction not in ("uniform", "exponential"):
+            raise ValueError(f"prediction must be uniform or exponential, got {prediction!r}")
+        self.prediction = prediction
+        self._now = 0.0
 
     # -- the scheduling decision (Algorithm 1) ---------------------------------------------------
     def place(self, req: HasPrefix, now: float) -> Placement:
@@ -310,8 +319,13 @@ class Conductor:
         prefill would end): requests now in decode that are younger than ``t_d`` stay, requests in
         prefill that finish by ``at_s`` arrive, plus this one; spread evenly over the decode pool."""
         td = self.decode_time_s if self.decode_time_s is not None else self._td_mean
-        staying = sum(1 for d in self._decodes for st in d.active.values() if st[2] + td > at_s)
-        arriving = sum(1 for f in self._in_prefill.values() if f <= at_s) + 1
+        if self.prediction == "exponential":
+            # memoryless residual time: each decoding request is still there with p = exp(-Δ/t_d)
+            staying = sum(len(d.active) for d in self._decodes) * float(np.exp(-(at_s - self._now) / td))
+        else:
+            staying = sum(1 for d in self._decodes for st in d.active.values() if st[2] + td > at_s)
+        # requests whose prefill ends by at_s join decode — and are gone again if they joined over t_d ago
+        arriving = sum(1 for f in self._in_prefill.values() if f <= at_s and f + td > at_s) + 1
         per = (staying + arriving) / self.cluster.n_decode
         step = self.cluster.decode.step_time_s(max(1, round(per)), per * self._ctx_mean)
         return step / self.cluster.tbt_slo_s
@@ -353,6 +367,7 @@ class Conductor:
 
         while events:
             now, _, kind, data = heapq.heappop(events)
+            self._now = now
             while now >= next_sample:
                 samples.append({
                     "time_s": next_sample,
