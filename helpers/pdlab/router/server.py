@@ -47,6 +47,7 @@ from pdlab.serve.proxy import BadRequest, validate_request
 __all__ = ["RouterConfig", "RouterServer", "make_router_app", "prompt_counter", "request_key", "InFlight"]
 
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+_SESSION = web.AppKey("session", ClientSession)
 
 
 def request_key(body: dict[str, Any]) -> Hashable:
@@ -171,10 +172,10 @@ def make_router_app(config: RouterConfig) -> web.Application:
                             sock_read=config.read_timeout_s)
 
     async def on_startup(app: web.Application) -> None:
-        app["session"] = ClientSession(timeout=timeout)
+        app[_SESSION] = ClientSession(timeout=timeout)
 
     async def on_cleanup(app: web.Application) -> None:
-        await app["session"].close()
+        await app[_SESSION].close()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
@@ -247,7 +248,7 @@ def make_router_app(config: RouterConfig) -> web.Application:
         if "X-Request-Id" in request.headers:
             headers["X-Request-Id"] = request.headers["X-Request-Id"]
         fwd = {k: v for k, v in request.headers.items() if k in ("Authorization", "X-Request-Id")}
-        session: ClientSession = request.app["session"]
+        session: ClientSession = request.app[_SESSION]
         response: web.StreamResponse | None = None
         seen = bytearray()
         t0 = time.perf_counter()
@@ -293,7 +294,7 @@ def make_router_app(config: RouterConfig) -> web.Application:
         return response
 
     async def health(request: web.Request) -> web.Response:
-        session: ClientSession = request.app["session"]
+        session: ClientSession = request.app[_SESSION]
         states = {}
         for url in backends:
             probe = url + ("/health" if url in config.colocated_urls else "/proxy/stats")
