@@ -22,7 +22,7 @@ test: setup  ## unit tests + papermill execution of every solution and student n
 
 lab: setup  ## open JupyterLab on the course with the project's kernel
 	$(VENV)/bin/pdlab course kernel
-	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --notebook-dir .
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --ServerApp.root_dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
 notebooks: setup  ## regenerate notebooks/ and labs/ (student copies) from solutions/
 	$(VENV)/bin/pdlab course build
