@@ -94,7 +94,7 @@ class SearchSettings:
 SEARCH_PROFILES: dict[str, SearchSettings] = {
     "smoke": SearchSettings(requests=60, bisect_steps=3, min_duration_s=10.0, max_requests=300),
     "ci": SearchSettings(requests=120, bisect_steps=4, min_duration_s=30.0, max_requests=800),
-    "full": SearchSettings(requests=300, bisect_steps=6, min_duration_s=60.0, max_requests=3000),
+    "full": SearchSettings(requests=300, bisect_steps=5, min_duration_s=60.0, max_requests=2000),
 }
 
 
