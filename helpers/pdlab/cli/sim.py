@@ -1,0 +1,84 @@
+"""``pdlab sim calibrate``: fit the simulator's latency model to a live server's measured step times."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from pdlab.cli import CLIError, emit
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sim", help="simulator tools: calibrate a latency profile on a live server",
+                       description="Simulator tools (see also `pdlab simulate`).")
+    ssub = p.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
+    c = ssub.add_parser("calibrate", help="probe a live server, fit prefill/decode step times, write a profile",
+                        description=__doc__ + "\n\nThe profile is read by `pdlab simulate --profile PATH` and "
+                        "pdlab.sim.latency.load_profile.")
+    c.add_argument("--url", required=True, help="server to probe for prefill (and decode), e.g. http://127.0.0.1:8100")
+    c.add_argument("--out", required=True, help="profile JSON to write")
+    c.add_argument("--decode-url", help="probe decode on this server instead (disaggregated: the decode server)")
+    c.add_argument("--proxy-url", help="disaggregation proxy in front of --url/--decode-url: also fit the KV hand-off")
+    c.add_argument("--plan", default="ci", choices=["smoke", "ci", "full"], help="probe sizes (default ci)")
+    c.add_argument("--prefill-lengths", type=_ints, help="override: prompt lengths for prefill probes, e.g. 16,256,1024")
+    c.add_argument("--decode-batches", type=_ints, help="override: concurrent streams for decode probes, e.g. 1,8,32")
+    c.add_argument("--decode-prompts", type=_ints, help="override: prompt lengths of decode probes, e.g. 32,256")
+    c.add_argument("--decode-tokens", type=int, help="override: output tokens per decode probe stream")
+    c.add_argument("--repeats", type=int, help="override: samples per point (median kept)")
+    c.add_argument("--max-batched-tokens", type=int, help="override: the server's --max-num-batched-tokens")
+    c.add_argument("--tokenizer", help="model folder whose tokenizer builds prompts (default: the server's)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c.set_defaults(func=run_calibrate)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from pdlab.calibrate import PROBE_PLANS, calibrate, save_calibration
+
+    overrides = {k: v for k, v in (("prefill_lengths", args.prefill_lengths), ("decode_batches", args.decode_batches),
+                                   ("decode_prompts", args.decode_prompts), ("decode_tokens", args.decode_tokens),
+                                   ("repeats", args.repeats), ("max_batched_tokens", args.max_batched_tokens))
+                 if v is not None}
+    plan = replace(PROBE_PLANS[args.plan], **overrides)
+    try:
+        plan.check()
+    except ValueError as exc:
+        raise CLIError(f"probe plan: {exc}") from None
+    try:
+        res = calibrate(args.url, plan=plan, decode_url=args.decode_url, proxy_url=args.proxy_url, seed=args.seed,
+                        tokenizer=args.tokenizer)
+    except OSError as exc:
+        raise CLIError(f"cannot probe {args.url}: {exc}") from exc
+    except RuntimeError as exc:
+        raise CLIError(str(exc)) from exc
+    path = save_calibration(res, args.out)
+    lat = res.latency
+    fit = lat.meta["fit"]
+    payload = {"profile": str(path), **res.as_dict(),
+               "points": {"prefill": res.prefill_points, "decode": res.decode_points, "handoff": res.handoff_points}}
+    ap, bp, cp = lat.prefill
+    ad, bd, cd = lat.decode
+    text = [f"wrote {path} (calibrated in {res.seconds:.1f} s)",
+            f"  prefill = {ap * 1e3:.3f} ms + {bp * 1e6:.3f} µs·Σl + {cp * 1e9:.4f} ns·Σl²   "
+            f"(R² {fit['prefill']['r2']:.3f}, mean |err| {fit['prefill']['mape']:.1%}, {fit['prefill']['points']} points)",
+            f"  decode  = {ad * 1e3:.3f} ms + {bd * 1e6:.4f} µs·Σctx + {cd * 1e6:.3f} µs·batch   "
+            f"(R² {fit['decode']['r2']:.3f}, mean |err| {fit['decode']['mape']:.1%}, {fit['decode']['points']} points)"]
+    if res.kv_link is not None:
+        link = res.kv_link
+        text.append(f"  KV hand-off = {link['latency_s'] * 1e3:.3f} ms + {link['s_per_token'] * 1e6:.3f} µs/token")
+    text.append(f"use it: pdlab simulate --profile {path} ...")
+    emit({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in payload.items()}, args.json,
+         "\n".join(text))
+    return 0

@@ -1,0 +1,247 @@
+"""Unit tests of pdlab.calibrate: fitting (known coefficients recovered, bad input → clear errors),
+profiles readable by the simulator, simulator set-ups, and the error table. No live server."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pdlab.calibrate import (
+    ERROR_COLUMNS,
+    PROBE_PLANS,
+    ProbePlan,
+    build_sim,
+    compare_runs,
+    error_table,
+    fit_handoff,
+    fit_profile,
+    fit_row,
+    load_calibration,
+    requests_from_records,
+    save_calibration,
+    simulate_like_live,
+)
+from pdlab.metrics import SLO, RequestRecord
+from pdlab.sim.latency import FittedLatency, load_profile, sample_points
+from pdlab.workloads import Request, make_requests
+
+TRUE = FittedLatency((0.004, 2.0e-5, 3.0e-9), (0.003, 1.0e-7, 2.0e-4))
+
+
+def _points(noise: float = 0.0, seed: int = 0):
+    return sample_points(TRUE, prefill_lengths=(16, 128, 512, 1024, 1536), prefill_batches=(1,),
+                         decode_batches=(1, 4, 16, 32), decode_contexts=(64, 512), noise=noise, seed=seed)
+
+
+# ------------------------------------------------------------------ fitting recovers known coefficients
+def test_fit_recovers_exact_coefficients():
+    lat = fit_profile(_points())
+    assert np.allclose(lat.prefill, TRUE.prefill, rtol=1e-6)
+    assert np.allclose(lat.decode, TRUE.decode, rtol=1e-6)
+    assert lat.meta["fit"]["prefill"]["mape"] < 1e-9 and lat.meta["fit"]["decode"]["r2"] > 0.999999
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_fit_with_noise_is_close_and_predicts_within_noise(relative):
+    lat = fit_profile(_points(noise=0.02, seed=3), relative=relative)
+    for n in (64, 700, 1500):
+        assert math.isclose(lat.prefill_time_s([n]), TRUE.prefill_time_s([n]), rel_tol=0.05)
+    for b, ctx in ((1, 100), (8, 300), (32, 500)):
+        assert math.isclose(lat.decode_time_s([ctx] * b), TRUE.decode_time_s([ctx] * b), rel_tol=0.05)
+    assert lat.meta["fit"]["prefill"]["mape"] < 0.05
+
+
+def test_fit_separate_prefill_and_decode_points_and_coefficients_non_negative():
+    pts = _points()
+    pre = [p for p in pts if p["prefill_tokens"] > 0]
+    dec = [p for p in pts if p["decode_batch"] > 0]
+    lat = fit_profile(pre, decode_points=dec)
+    assert np.allclose(lat.decode, TRUE.decode, rtol=1e-6)
+    # a decode time that falls with batch would need a negative coefficient: NNLS clips it at 0
+    odd = [dict(p, time_s=0.01 / p["decode_batch"] + 1e-3) for p in dec]
+    coef, _ = fit_row(odd, "decode")
+    assert min(coef) >= 0.0
+
+
+def test_fit_row_quality_fields():
+    coef, q = fit_row(_points(), "prefill")
+    assert set(q) == {"r2", "mape", "max_rel_err", "points"} and q["points"] == 5
+    assert np.allclose(coef, TRUE.prefill, rtol=1e-6)
+
+
+# ------------------------------------------------------------------ bad input → clear errors
+@pytest.mark.parametrize("points, match", [
+    ([], "need >= 3 prefill points"),
+    ([{"prefill_tokens": 10}], "lacks prefill_sq_tokens"),
+    (["not a dict"], "must be a mapping"),
+    ([{"prefill_tokens": 10, "prefill_sq_tokens": 100, "decode_batch": 0, "decode_ctx_tokens": 0,
+       "time_s": float("nan")}], "time_s must be a finite number"),
+    ([{"prefill_tokens": 10, "prefill_sq_tokens": 100, "decode_batch": 0, "decode_ctx_tokens": 0,
+       "time_s": 0.0}], "time_s must be > 0"),
+    ([{"prefill_tokens": -1, "prefill_sq_tokens": 1, "decode_batch": 0, "decode_ctx_tokens": 0,
+       "time_s": 0.1}], "prefill_tokens must be >= 0"),
+    ([{"prefill_tokens": 10, "prefill_sq_tokens": 100, "decode_batch": 2, "decode_ctx_tokens": 20,
+       "time_s": 0.1}], "mixes prefill and decode"),
+    ([{"prefill_tokens": 0, "prefill_sq_tokens": 0, "decode_batch": 0, "decode_ctx_tokens": 0,
+       "time_s": 0.1}], "neither prefill tokens nor a decode batch"),
+    ([{"prefill_tokens": "10", "prefill_sq_tokens": 100, "decode_batch": 0, "decode_ctx_tokens": 0,
+       "time_s": 0.1}], "must be a finite number"),
+])
+def test_fit_rejects_bad_points(points, match):
+    with pytest.raises(ValueError, match=match):
+        fit_row(points, "prefill")
+
+
+def test_fit_rejects_points_that_cannot_separate_coefficients():
+    one_length = [{"prefill_tokens": 256, "prefill_sq_tokens": 256.0**2, "decode_batch": 0, "decode_ctx_tokens": 0,
+                   "time_s": 0.02 + 0.001 * i} for i in range(4)]
+    with pytest.raises(ValueError, match="cannot separate the three coefficients.*distinct prompt lengths"):
+        fit_row(one_length, "prefill")
+    one_batch = [{"prefill_tokens": 0, "prefill_sq_tokens": 0.0, "decode_batch": 4, "decode_ctx_tokens": c,
+                  "time_s": 0.005 + c * 1e-7} for c in (100, 400, 800)]
+    with pytest.raises(ValueError, match="cannot separate"):
+        fit_row(one_batch, "decode")
+    with pytest.raises(ValueError, match="kind must be"):
+        fit_row(_points(), "mixed")
+    with pytest.raises(ValueError, match="need >= 3 decode points"):
+        fit_profile([p for p in _points() if p["prefill_tokens"] > 0])
+
+
+def test_probe_plans_are_identifiable_and_bad_plans_rejected():
+    for plan in PROBE_PLANS.values():
+        plan.check()
+        assert all(b * p <= plan.max_batched_tokens for b, p in plan.decode_pairs())
+    with pytest.raises(ValueError, match="distinct lengths"):
+        ProbePlan(prefill_lengths=(16, 16, 32)).check()
+    with pytest.raises(ValueError, match="decode probes need"):
+        ProbePlan(decode_batches=(1,)).check()
+
+
+# ------------------------------------------------------------------ KV hand-off
+def test_fit_handoff_recovers_latency_and_per_token_time():
+    pts = [{"tokens": n, "ttft_s": TRUE.prefill_time_s([n]) + TRUE.decode_time_s([n]) + 0.012 + 2e-6 * n}
+           for n in (32, 256, 1024)]
+    link = fit_handoff(pts, TRUE)
+    assert math.isclose(link["latency_s"], 0.012, rel_tol=1e-6)
+    assert math.isclose(link["s_per_token"], 2e-6, rel_tol=1e-6)
+    with pytest.raises(ValueError, match=">= 2 hand-off points"):
+        fit_handoff(pts[:1], TRUE)
+    with pytest.raises(ValueError, match="distinct prompt lengths"):
+        fit_handoff([pts[0], pts[0]], TRUE)
+
+
+# ------------------------------------------------------------------ profile files
+def test_saved_profile_loads_in_the_simulator(tmp_path):
+    lat = fit_profile(_points(), meta={"source": "test", "kv_link": {"latency_s": 0.01, "s_per_token": 0.0}})
+    path = save_calibration(lat, tmp_path / "p.json")
+    data = json.loads(path.read_text())
+    assert data["format"] == "pdlab-latency-profile/1" and len(data["prefill"]) == 3
+    back = load_profile(path)
+    assert np.allclose(back.prefill, lat.prefill) and np.allclose(back.decode, lat.decode)
+    assert load_calibration(path).meta["kv_link"]["latency_s"] == 0.01
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"prefill": [1, 2], "decode": [1, 2, 3]}')
+    with pytest.raises(ValueError, match="three numbers"):
+        load_calibration(bad)
+
+
+def test_pdlab_simulate_accepts_the_profile(tmp_path, capsys):
+    from pdlab.cli import main
+
+    path = save_calibration(fit_profile(_points()), tmp_path / "p.json")
+    rc = main(["simulate", "--synthetic", "--requests", "50", "--rate", "5", "--mode", "chunked",
+               "--gpu", "h100-sxm", "--model", "llama-3-8b", "--profile", str(path), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["completed"] == 50
+
+
+def test_cli_calibrate_rejects_bad_plan(capsys):
+    from pdlab.cli import main
+
+    rc = main(["sim", "calibrate", "--url", "http://127.0.0.1:9", "--out", "x.json", "--prefill-lengths", "16,16"])
+    assert rc == 2
+    assert "prefill_lengths needs >= 3 distinct lengths" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ simulator set-ups
+def test_colocated_sim_single_request_matches_the_model():
+    reqs = make_requests([0.0], 300, 10)
+    (rec,) = simulate_like_live(reqs, "colocated", TRUE)
+    assert math.isclose(rec.ttft_s, TRUE.prefill_time_s([300]), rel_tol=1e-9)
+    steps = [TRUE.decode_time_s([300 + k]) for k in range(9)]  # the simulator reads the context before the step
+    assert math.isclose(rec.finish_s - rec.first_token_s, sum(steps), rel_tol=1e-9)
+
+
+def test_disaggregated_sim_follows_the_proxy_protocol():
+    reqs = make_requests([0.0], 300, 10)
+    link = {"latency_s": 0.02, "s_per_token": 1e-5}
+    (rec,) = simulate_like_live(reqs, "disaggregated", TRUE, kv_link=link)
+    handoff = 0.02 + 300 * 1e-5
+    # prefill (its token is discarded), hand-off, then decode's first step gives the first token
+    expected_ttft = TRUE.prefill_time_s([300]) + handoff + TRUE.decode_time_s([300])
+    assert math.isclose(rec.ttft_s, expected_ttft, rel_tol=1e-9)
+    assert rec.output_tokens == 10 and len(rec.token_times_s) == 10
+    with pytest.raises(ValueError, match="mode must be"):
+        build_sim("chunked", TRUE)
+
+
+def test_requests_from_records_uses_send_times_and_server_tokens():
+    recs = [RequestRecord(0, 100.5, 64, 8, 100.6, 101.0, extra={"server_prompt_tokens": 65,
+                                                                "target_output_tokens": 8}),
+            RequestRecord(1, 100.0, 32, 4, 100.1, 100.4)]
+    reqs = requests_from_records(recs)
+    assert [r.arrival_s for r in reqs] == [0.0, 0.5]
+    assert reqs[1].prompt_tokens == 65 and reqs[1].output_tokens == 8 and reqs[0].prompt_tokens == 32
+    with pytest.raises(ValueError, match="no records"):
+        requests_from_records([])
+
+
+# ------------------------------------------------------------------ the error table
+def _rec(i: int, ttft: float, tpot: float, n_out: int = 11) -> RequestRecord:
+    return RequestRecord(i, 0.0, 100, n_out, ttft, ttft + tpot * (n_out - 1))
+
+
+def test_compare_runs_relative_errors_and_attainment_difference():
+    live = [_rec(i, t, 0.010) for i, t in enumerate([0.1, 0.2, 0.3, 0.4, 0.5])]
+    sim = [_rec(i, t * 1.1, 0.009) for i, t in enumerate([0.1, 0.2, 0.3, 0.4, 0.5])]
+    slo = SLO(ttft_s=0.35, tpot_s=0.0095)
+    row = compare_runs(live, sim, slo, setup="colocated", rate_rps=2.0)
+    assert row["setup"] == "colocated" and row["rate_rps"] == 2.0 and row["requests"] == 5
+    assert math.isclose(row["ttft_p50_live_s"], 0.3) and math.isclose(row["ttft_p50_sim_s"], 0.33)
+    assert math.isclose(row["ttft_p50_err"], 0.1, rel_tol=1e-9)
+    assert math.isclose(row["tpot_p50_err"], -0.1, rel_tol=1e-9)
+    assert math.isclose(row["tpot_p99_err"], -0.1, rel_tol=1e-9)
+    # live: TPOT 10 ms misses 9.5 ms for everyone → 0 %; sim: TTFT ≤ 0.35 for 0.11, 0.22, 0.33 → 60 %
+    assert row["attainment_live"] == 0.0 and math.isclose(row["attainment_sim"], 0.6)
+    assert math.isclose(row["attainment_diff_pp"], 60.0)
+
+
+def test_compare_runs_counts_failures_and_handles_empty_metrics():
+    live = [_rec(0, 0.1, 0.01), RequestRecord(1, 0.0, 10, 0, ok=False, error="boom")]
+    sim = [_rec(0, 0.1, 0.01), _rec(1, 0.1, 0.01)]
+    row = compare_runs(live, sim, SLO(ttft_s=1.0))
+    assert row["attainment_live"] == 0.5 and row["attainment_sim"] == 1.0 and row["attainment_diff_pp"] == 50.0
+    one_token = [_rec(0, 0.1, 0.01, n_out=1)]
+    row = compare_runs(one_token, one_token, SLO(ttft_s=1.0))
+    assert math.isnan(row["tpot_p50_err"]) and row["ttft_p50_err"] == 0.0
+    with pytest.raises(ValueError, match="both runs need records"):
+        compare_runs([], sim, SLO(ttft_s=1.0))
+
+
+def test_error_table_orders_columns():
+    live = [_rec(i, 0.1 * (i + 1), 0.01) for i in range(4)]
+    rows = [compare_runs(live, live, SLO(ttft_s=1.0), setup=s, rate_rps=r)
+            for s in ("colocated", "disaggregated") for r in (1.0, 2.0)]
+    df = error_table(rows)
+    assert list(df.columns) == list(ERROR_COLUMNS) and len(df) == 4
+    assert (df["ttft_p50_err"] == 0).all()
+    with pytest.raises(ValueError, match="no comparison rows"):
+        error_table([])
+
+
+def test_request_type_round_trip():
+    assert Request(0, 0.0, 1, 1).output_tokens == 1
