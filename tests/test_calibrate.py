@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 import pytest
-
 from pdlab.calibrate import (
     ERROR_COLUMNS,
     PROBE_PLANS,
