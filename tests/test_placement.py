@@ -48,3 +48,20 @@ def test_invalid_inputs():
         place("opt-13b", "a100-80gb", 1, 2, "sharegpt", SLO(ttft_s=0.2), settings=TINY, workers=1)
     with pytest.raises(ValueError, match="affinity"):
         place("opt-13b", "a100-80gb", 1, 2, "sharegpt", SLO(0.2, 0.1), affinity="mid")
+
+
+def test_cli_place_json(capsys):
+    import json
+
+    from pdlab.cli import main
+
+    args = ["place", "--model", "opt-13b", "--gpu", "a100-80gb", "--nodes", "1", "--gpus-per-node", "2",
+            "--workload", "fixed-512-64", "--slo-ttft", "0.4", "--slo-tpot", "0.06", "--profile", "smoke",
+            "--workers", "1", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("prefill", "decode", "num_prefill", "num_decode", "per_gpu_goodput_rps", "candidates"):
+        assert key in out
+    assert main(args[:-1] + ["--attainment", "1.5"]) == 2
+    assert main(["place", "--model", "opt-13b", "--gpu", "a100-80gb", "--nodes", "1", "--gpus-per-node", "2",
+                 "--workload", "nope", "--slo-ttft", "0.4", "--slo-tpot", "0.06", "--workers", "1"]) == 2
