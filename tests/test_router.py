@@ -337,3 +337,17 @@ def test_constant_latency_estimates_are_usable():
     est = LoadEstimator(ConstantLatency(0.1, 0.01), ConstantLatency(0.1, 0.01), ConstantLatency(0.1, 0.01))
     assert est.colocated(RouteRequest(10, 5), TargetLoad()).ttft_s == pytest.approx(0.1)
     assert make_requests([0.0], 10, 5)[0].prompt_tokens == 10
+
+
+def test_writeup_export_holds_table_and_plot(tmp_path):
+    import pandas as pd
+    import plotly.express as px
+    from pdlab.router.report import export_writeup, writeup_notebook
+
+    df = pd.DataFrame({"rate": [1, 2], "goodput_rps": [0.9, 1.7]})
+    fig = px.line(df, x="rate", y="goodput_rps", title="goodput")
+    nb = writeup_notebook(["# Title", df, fig], tmp_path / "w.ipynb")
+    html = export_writeup(nb, tmp_path / "w.html").read_text()
+    assert "<table" in html and "goodput_rps" in html and "plotly" in html.lower() and "# Title" not in html
+    with pytest.raises(TypeError):
+        writeup_notebook([object()], tmp_path / "bad.ipynb")
