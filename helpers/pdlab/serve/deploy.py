@@ -92,22 +92,30 @@ class Deployment:
         return self
 
     def warm_up(self, rounds: int = 2, timeout_s: float = 300.0) -> float:
-        """Send a few short requests through the entry point (first forward passes, NIXL handshake).
+        """Send short requests to every server, then through the entry point; return the seconds spent.
 
-        The first request to a fresh server (and the first KV pull between two instances) pays
-        one-off costs that must not land in a measurement. Returns the seconds spent.
+        The first forward passes of a fresh server, and the first KV pull between two instances
+        (NIXL handshake), pay one-off costs that must not land in a measurement.
         """
         import json
         import urllib.request
 
         t0 = time.monotonic()
         model = self.servers[0].spec.served_model_name or self.served_model()
-        for i in range(rounds * max(len(self.prefill), len(self.decode), 1)):
-            body = {"model": model, "prompt": f"warm up {i} " * (40 + 40 * i), "max_tokens": 4, "ignore_eos": True}
-            req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
+
+        def post(url: str, i: int) -> None:
+            body = {"model": model, "prompt": f"warm up {i} " * (20 + 60 * i), "max_tokens": 4, "ignore_eos": True}
+            req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 resp.read()
+
+        for i in range(rounds):
+            for server in self.servers:
+                post(server.url, i)
+        if self.proxy_port is not None:
+            for i in range(rounds * max(len(self.prefill), len(self.decode))):
+                post(self.url, i)
         return time.monotonic() - t0
 
     def served_model(self) -> str:

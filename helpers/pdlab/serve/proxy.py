@@ -112,6 +112,9 @@ def make_app(config: ProxyConfig) -> web.Application:
     decode_rr = itertools.cycle(range(len(config.decode_urls)))
     timeout = ClientTimeout(total=None, connect=config.connect_timeout_s, sock_connect=config.connect_timeout_s,
                             sock_read=config.read_timeout_s)
+    # Prefill answers once, after the whole prompt: bounded by its total time, not by silence.
+    prefill_timeout = ClientTimeout(total=config.prefill_timeout_s, connect=config.connect_timeout_s,
+                                    sock_connect=config.connect_timeout_s)
 
     async def on_startup(app: web.Application) -> None:
         app[_SESSION] = ClientSession(timeout=timeout)
@@ -144,7 +147,8 @@ def make_app(config: ProxyConfig) -> web.Application:
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(config.prefill_timeout_s):
-                async with session.post(p_url + request.path, json=prefill_request(body), headers=headers) as resp:
+                async with session.post(p_url + request.path, json=prefill_request(body), headers=headers,
+                                        timeout=prefill_timeout) as resp:
                     payload = await resp.read()
                     if resp.status != 200:
                         config.stats["backend_errors" if resp.status >= 500 else "client_errors"] += 1
