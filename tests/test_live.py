@@ -73,7 +73,7 @@ def deployment(tiny_model):
     before = _descendants(os.getpid())
     base = free_port()
     dep = disaggregated(tiny_model, connector="nixl", proxy_port=base, prefill_port=free_port(),
-                        decode_port=free_port(), side_channel_port=free_port(), proxy_read_timeout_s=20.0,
+                        decode_port=free_port(), side_channel_port=free_port(), proxy_read_timeout_s=60.0,
                         max_model_len=2048)
     with dep:
         yield dep
@@ -127,16 +127,16 @@ def test_killing_decode_mid_benchmark_fails_requests_in_bounded_time(deployment)
     thread.start()
     time.sleep(2.0)  # requests are streaming now
     deployment.decode[0].kill()
-    thread.join(timeout=90)
+    thread.join(timeout=240)
     assert not thread.is_alive(), "the benchmark hung after decode died"
     elapsed = time.monotonic() - t0
     result = box["result"]
     text = format_summary(result.summary, "decode killed")
     print(text)
     assert result.summary["failed"] >= 1 and "failed" in text
-    assert elapsed < 60
+    assert elapsed < 180, f"the benchmark took {elapsed:.0f} s to finish after decode died"
     # the proxy is still up and answers an error quickly
     t1 = time.monotonic()
     status, payload = _post(deployment.url + "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2})
-    assert status in (502, 504) and time.monotonic() - t1 < 30, payload
+    assert status in (502, 504) and time.monotonic() - t1 < 60, payload
     assert deployment.proxy.alive()

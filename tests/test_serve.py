@@ -552,3 +552,20 @@ def test_bench_cli_reports_an_unreachable_server(capsys):
                      "--json"])
     assert code == 2
     assert "cannot benchmark" in capsys.readouterr().err
+
+
+def test_serve_cli_parses_placements_and_reports_a_taken_port(tmp_path, capsys):
+    from pdlab.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "disagg", "--model", str(tmp_path), "--prefill-cores", "0",
+                                      "--decode-cores", "1", "--connector", "example"])
+    assert args.mode == "disagg" and args.prefill_cores == ["0"] and args.connector == "example"
+    (tmp_path / "config.json").write_text("{}")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        code = cli_main(["serve", "colocated", "--model", str(tmp_path), "--port", str(port), "--device", "cpu"])
+    assert code == 2
+    assert f"port {port}" in capsys.readouterr().err
+    assert live_processes() == []
