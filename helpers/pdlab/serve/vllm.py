@@ -156,6 +156,7 @@ class VLLMServerSpec:
             "DO_NOT_TRACK": "1",
             "VLLM_CACHE_ROOT": str(cache),
             "PYTHONUNBUFFERED": "1",
+            "VLLM_LOGGING_COLOR": "0",  # plain text logs under build/ (Jupyter sets FORCE_COLOR)
         }
         if device == "cpu":
             if self.cores:
