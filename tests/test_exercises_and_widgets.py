@@ -47,8 +47,8 @@ def test_explorer_headless_returns_a_static_figure(monkeypatch):
 def test_explorer_live_updates_its_figure_when_a_control_changes(monkeypatch):
     monkeypatch.delenv("PDLAB_HEADLESS", raising=False)
     box = kv_explorer(tokens=10_000)
-    before = list(box.figure.data[0].y)
+    before = list(box.children[1].data[0].y)
     slider = box.children[0].children[2]
     slider.value = 20_480
-    after = list(box.figure.data[0].y)
+    after = list(box.children[1].data[0].y)
     assert after[0] == pytest.approx(before[0] * 2.048)

@@ -16,7 +16,7 @@ from pdlab.hardware import list_links
 from pdlab.models import get_model, list_models
 from pdlab.transfer import kv_transfer
 
-__all__ = ["headless", "explorer", "update_figure_widget", "kv_link_figure", "kv_explorer",
+__all__ = ["headless", "explorer", "kv_link_figure", "kv_explorer",
            "roofline_point_figure", "roofline_explorer", "queueing_figure", "queueing_explorer",
            "interference_figure", "interference_explorer"]
 
@@ -44,40 +44,28 @@ def kv_link_figure(model: str = "llama-3-70b", dtype: str = "bf16", tokens: int 
     return fig
 
 
-def update_figure_widget(widget: go.FigureWidget, new: go.Figure) -> None:
-    """Copy a freshly drawn figure into a displayed ``FigureWidget`` (traces updated in place)."""
-    with widget.batch_update():
-        if len(widget.data) == len(new.data):
-            for old, fresh in zip(widget.data, new.data, strict=True):
-                old.update(fresh.to_plotly_json(), overwrite=True)
-        else:
-            widget.data = []
-            widget.add_traces(list(new.data))
-        widget.layout.update(new.layout.to_plotly_json(), overwrite=True)
-
-
 def explorer(controls: dict[str, Any], draw: Callable[..., go.Figure]) -> Any:
     """Generic explorer: ``controls`` maps keyword → ipywidget; ``draw(**values)`` returns a figure.
 
-    Returns a ``VBox`` (controls above a ``FigureWidget`` that is updated in place when a control
-    changes), or the static figure when headless.
+    Returns a ``VBox`` (controls above a ``FigureWidget``, redrawn when a control changes; the
+    current figure is ``box.children[1]``), or the static figure when headless.
     """
     values = {k: w.value for k, w in controls.items()}
     if headless():
         return draw(**values)
     import ipywidgets as widgets
 
-    # Build the widget from a complete figure: traces added to an empty FigureWidget before it
-    # is displayed do not reach the browser (plotly 6+/anywidget).
-    fig = go.FigureWidget(draw(**values))
+    # Each redraw builds a new FigureWidget from a complete figure. With plotly 6+ (anywidget),
+    # traces added to an empty FigureWidget, and in-place restyles of float arrays, can reach the
+    # browser as an empty plot; a widget constructed from a full figure always renders.
+    panel = widgets.HBox(list(controls.values()))
+    box = widgets.VBox([panel, go.FigureWidget(draw(**values))])
 
     def _update(_change=None):
-        update_figure_widget(fig, draw(**{k: w.value for k, w in controls.items()}))
+        box.children = (panel, go.FigureWidget(draw(**{k: w.value for k, w in controls.items()})))
 
     for w in controls.values():
         w.observe(_update, names="value")
-    box = widgets.VBox([widgets.HBox(list(controls.values())), fig])
-    box.figure = fig  # for tests and the browser check
     return box
 
 
