@@ -27,7 +27,20 @@ from aiohttp import ClientError, ClientSession, ClientTimeout
 
 from pdlab.metrics import RequestRecord
 
-__all__ = ["send_streaming", "run_open_loop", "run_sessions", "chat_body"]
+__all__ = ["send_streaming", "run_open_loop", "run_sessions", "chat_body", "run_sync"]
+
+
+def run_sync(coro: Any) -> Any:
+    """Run a coroutine to completion from plain code, also inside a running loop (Jupyter): then
+    in a worker thread with its own loop (the router and the client live and die in that loop)."""
+    import concurrent.futures
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def chat_body(messages: list[dict[str, str]], max_tokens: int, *, model: str | None = None,
