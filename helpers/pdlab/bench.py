@@ -22,7 +22,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ __all__ = [
     "format_summary",
     "vllm_bench_serve",
     "compare_medians",
+    "side_by_side_with_vllm_bench",
 ]
 
 _ENDPOINT_PATH = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -253,8 +254,13 @@ async def run_requests(url: str, requests: Sequence[Request], *, endpoint: str =
                        model: str | None = None, tokenizer: str | Path | None = None,
                        max_concurrency: int | None = None, ignore_eos: bool = True,
                        request_timeout_s: float = 300.0, progress: bool = True, seed: int = 0,
-                       extra_body: dict[str, Any] | None = None) -> list[RequestRecord]:
-    """Send ``requests`` at their arrival times (seconds from now); return one record each."""
+                       extra_body: dict[str, Any] | None = None,
+                       should_stop: Callable[[], bool] | None = None) -> list[RequestRecord]:
+    """Send ``requests`` at their arrival times (seconds from now); return one record each.
+
+    ``should_stop``: checked just before each request is sent; requests not sent once it returns
+    True are left out of the result.
+    """
     import aiohttp
     from tqdm.auto import tqdm
 
@@ -276,13 +282,17 @@ async def run_requests(url: str, requests: Sequence[Request], *, endpoint: str =
     connector = aiohttp.TCPConnector(limit=max_concurrency or 0, force_close=False)
     bar = tqdm(total=len(requests), desc="bench", unit="req", disable=not progress, leave=False)
 
-    async def scheduled(session, req: Request, body: dict[str, Any], start: float) -> RequestRecord:
+    async def scheduled(session, req: Request, body: dict[str, Any], start: float) -> RequestRecord | None:
         delay = start + req.arrival_s - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         if sem is None:
+            if should_stop is not None and should_stop():
+                return None
             return await _one(session, url, endpoint, body, req, bar, request_timeout_s)
         async with sem:
+            if should_stop is not None and should_stop():
+                return None
             return await _one(session, url, endpoint, body, req, bar, request_timeout_s)
 
     try:
@@ -292,7 +302,7 @@ async def run_requests(url: str, requests: Sequence[Request], *, endpoint: str =
             records = await asyncio.gather(*tasks)
     finally:
         bar.close()
-    return list(records)
+    return [r for r in records if r is not None]
 
 
 @dataclass
@@ -339,7 +349,8 @@ def _run_coro(coro):
 def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, endpoint: str = "completions",
               model: str | None = None, tokenizer: str | Path | None = None, max_concurrency: int | None = None,
               ignore_eos: bool = True, request_timeout_s: float = 300.0, progress: bool = True, seed: int = 0,
-              save: bool | str = False, extra_body: dict[str, Any] | None = None) -> BenchResult:
+              save: bool | str = False, extra_body: dict[str, Any] | None = None,
+              should_stop: Callable[[], bool] | None = None) -> BenchResult:
     """Run a benchmark (blocking; works in Jupyter too) and summarise it.
 
     ``save=True`` (or a name) writes the summary JSON and the records JSONL under ``build/bench/``.
@@ -347,7 +358,7 @@ def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, 
     records = _run_coro(run_requests(url, requests, endpoint=endpoint, model=model, tokenizer=tokenizer,
                                      max_concurrency=max_concurrency, ignore_eos=ignore_eos,
                                      request_timeout_s=request_timeout_s, progress=progress, seed=seed,
-                                     extra_body=extra_body))
+                                     extra_body=extra_body, should_stop=should_stop))
     summary = summarize(records, slo)
     errors = sorted({r.error for r in records if not r.ok})
     summary["errors"] = errors[:10]
@@ -393,6 +404,20 @@ def vllm_bench_serve(url: str, *, model: str, tokenizer: str | Path, input_len: 
     (``median_ttft_ms``, ``median_tpot_ms``, ``median_itl_ms``, ...) plus ``command`` and ``seconds``.
     """
     import subprocess
+
+    argv, result_path = _vllm_bench_argv(url, model=model, tokenizer=tokenizer, input_len=input_len,
+                                         output_len=output_len, num_prompts=num_prompts, rate_rps=rate_rps,
+                                         max_concurrency=max_concurrency, seed=seed, name=name)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+    return _vllm_bench_result(argv, result_path, proc.returncode, proc.stdout + proc.stderr,
+                              time.perf_counter() - t0)
+
+
+def _vllm_bench_argv(url: str, *, model: str, tokenizer: str | Path, input_len: int, output_len: int,
+                     num_prompts: int, rate_rps: float | None, max_concurrency: int | None, seed: int,
+                     name: str) -> tuple[list[str], Path]:
     import sys
 
     out = build_dir() / "bench"
@@ -408,17 +433,61 @@ def vllm_bench_serve(url: str, *, model: str, tokenizer: str | Path, input_len: 
             "--save-result", "--result-dir", str(out), "--result-filename", result_file, "--disable-tqdm"]
     if max_concurrency:
         argv += ["--max-concurrency", str(max_concurrency)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
-    seconds = time.perf_counter() - t0
-    if proc.returncode != 0 or not (out / result_file).exists():
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
-        raise RuntimeError(f"vllm bench serve failed (exit {proc.returncode}):\n{tail}")
-    data = json.loads((out / result_file).read_text())
+    return argv, out / result_file
+
+
+def _vllm_bench_result(argv: list[str], result_path: Path, returncode: int | None, output: str,
+                       seconds: float) -> dict[str, Any]:
+    if returncode != 0 or not result_path.exists():
+        tail = "\n".join(output.splitlines()[-25:])
+        raise RuntimeError(f"vllm bench serve failed (exit {returncode}):\n{tail}")
+    data = json.loads(result_path.read_text())
     data["command"] = "vllm bench serve " + " ".join(argv[3:])
     data["seconds"] = seconds
     return data
+
+
+def side_by_side_with_vllm_bench(url: str, *, model: str, tokenizer: str | Path, input_len: int, output_len: int,
+                                 num_prompts: int, seed: int = 0, timeout_s: float = 900.0,
+                                 name: str = "agreement") -> tuple[BenchResult, dict[str, Any]]:
+    """``pdlab bench`` and ``vllm bench serve`` on the same server *at the same time*.
+
+    Both clients send one request at a time (``--max-concurrency 1``) with the same prompt and
+    output lengths; ``pdlab bench`` keeps sending while vLLM's benchmark runs, so both see the
+    same server load in the same time window (on a shared machine, runs minutes apart do not).
+    Returns ``(pdlab result, vllm result dict)``.
+    """
+    import subprocess
+
+    argv, result_path = _vllm_bench_argv(url, model=model, tokenizer=tokenizer, input_len=input_len,
+                                         output_len=output_len, num_prompts=num_prompts, rate_rps=None,
+                                         max_concurrency=1, seed=seed, name=f"{name}-vllm")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    log_path = build_dir() / "bench" / f"{name}-vllm.log"
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        from pdlab.serve.evidence import scrape_metrics
+
+        # wait until vLLM's client has a request on the server (its start-up imports take a while)
+        while proc.poll() is None and time.perf_counter() - t0 < timeout_s:
+            if scrape_metrics(url).total("vllm:num_requests_running") > 0:
+                break
+            time.sleep(0.1)
+        reqs = build_workload(f"fixed-{input_len}-{output_len}", rate_rps=1.0, n=num_prompts * 20, seed=seed + 1)
+        reqs = [Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens) for r in reqs]
+        ours = run_bench(url, reqs, model=model, tokenizer=tokenizer, max_concurrency=1, progress=False,
+                         seed=seed + 1, save=f"{name}-pdlab", extra_body=None,
+                         should_stop=lambda: proc.poll() is not None)
+        proc.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    theirs = _vllm_bench_result(argv, result_path, proc.returncode, log_path.read_text(errors="replace"),
+                                time.perf_counter() - t0)
+    return ours, theirs
 
 
 def compare_medians(pdlab_summary: dict[str, Any], vllm_result: dict[str, Any]) -> list[dict[str, Any]]:
