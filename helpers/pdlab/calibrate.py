@@ -76,19 +76,22 @@ POINT_KEYS = ("prefill_tokens", "prefill_sq_tokens", "decode_batch", "decode_ctx
 
 @dataclass(frozen=True)
 class ProbePlan:
-    """What to measure. Lengths in tokens; ``repeats`` samples per point (the median is kept).
+    """What to measure. Lengths in tokens; every point keeps the median of its samples.
 
-    Decode probes run ``b`` concurrent streams of ``p``-token prompts for every pair with
-    b·p ≤ ``max_batched_tokens`` (so all prompts fit one prefill step and the streams decode
-    together), each generating ``decode_tokens`` tokens.
+    Prefill: each of ``prefill_lengths`` ``repeats`` times, one request at a time. Decode: ``b``
+    concurrent streams of ``p``-token prompts for every pair with b·p ≤ ``max_batched_tokens`` (so
+    all prompts fit one prefill step and the streams decode together), each generating
+    ``decode_tokens`` tokens, ``decode_repeats`` times. Hand-off: each of ``handoff_lengths``
+    ``repeats`` times through the proxy.
     """
 
-    prefill_lengths: tuple[int, ...] = (16, 128, 256, 512, 1024, 1536)
-    decode_batches: tuple[int, ...] = (1, 4, 8, 16, 32)
-    decode_prompts: tuple[int, ...] = (32, 256)
-    decode_tokens: int = 64
-    handoff_lengths: tuple[int, ...] = (32, 256, 1024)
+    prefill_lengths: tuple[int, ...] = (16, 256, 768, 1536)
+    decode_batches: tuple[int, ...] = (1, 4, 16, 32)
+    decode_prompts: tuple[int, ...] = (32, 512)
+    decode_tokens: int = 32
+    handoff_lengths: tuple[int, ...] = (32, 512, 1536)
     repeats: int = 3
+    decode_repeats: int = 2
     max_batched_tokens: int = 2048
 
     def decode_pairs(self) -> list[tuple[int, int]]:
@@ -100,22 +103,24 @@ class ProbePlan:
         if len(set(self.prefill_lengths)) < 3:
             raise ValueError(f"prefill_lengths needs >= 3 distinct lengths, got {self.prefill_lengths}")
         pairs = self.decode_pairs()
-        if len({b for b, _ in pairs}) < 2 or len(pairs) < 3:
-            raise ValueError(f"decode probes need >= 3 (batch, prompt) pairs with >= 2 batch sizes, got {pairs}")
+        if len({b for b, _ in pairs}) < 2 or len({p for _, p in pairs}) < 2 or len(pairs) < 3:
+            raise ValueError("decode probes need >= 3 (batch, prompt) pairs with >= 2 batch sizes and >= 2 prompt "
+                             f"lengths (b·p ≤ max_batched_tokens={self.max_batched_tokens}), got {pairs}")
         if self.decode_tokens < 4:
             raise ValueError(f"decode_tokens must be >= 4, got {self.decode_tokens}")
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.repeats < 1 or self.decode_repeats < 1:
+            raise ValueError(f"repeats and decode_repeats must be >= 1, got {self.repeats}, {self.decode_repeats}")
 
 
-#: Plans by profile: ``smoke`` (seconds), ``ci`` (about 20 s of probes), ``full`` (GPU servers).
+#: Plans by profile: ``smoke`` (a few seconds), ``ci`` (about 20 s of probes on a quiet 2-core
+#: machine), ``full`` (GPU servers, longer prompts and bigger batches).
 PROBE_PLANS: dict[str, ProbePlan] = {
     "smoke": ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 8), decode_prompts=(32, 128),
-                       decode_tokens=16, handoff_lengths=(32, 512), repeats=1),
+                       decode_tokens=16, handoff_lengths=(32, 512), repeats=1, decode_repeats=1),
     "ci": ProbePlan(),
     "full": ProbePlan(prefill_lengths=(16, 128, 512, 1024, 2048, 4096, 8192), decode_batches=(1, 8, 32, 64, 128),
                       decode_prompts=(128, 1024), decode_tokens=128, handoff_lengths=(128, 1024, 4096),
-                      repeats=5, max_batched_tokens=8192),
+                      repeats=5, decode_repeats=3, max_batched_tokens=8192),
 }
 
 
@@ -365,7 +370,7 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     t0 = time.perf_counter()
     pre = probe_prefill(url, plan.prefill_lengths, repeats=plan.repeats, seed=seed, **bench_kwargs)
     dec = probe_decode(decode_url or url, plan.decode_pairs(), output_tokens=plan.decode_tokens,
-                       repeats=max(1, plan.repeats - 1), seed=seed + 1, **bench_kwargs)
+                       repeats=plan.decode_repeats, seed=seed + 1, **bench_kwargs)
     info = {"source": "pdlab sim calibrate", "url": url, "decode_url": decode_url or url,
             "probe_plan": asdict(plan), "points": pre + dec, **(meta or {})}
     lat = fit_profile(pre, decode_points=dec, meta=info)
