@@ -21,7 +21,8 @@ _COMMANDS = ["pdlab.cli.kv", "pdlab.cli.course", "pdlab.cli.trace", "pdlab.cli.q
              "pdlab.cli.roofline",
              "pdlab.cli.transfer",
              "pdlab.cli.model", "pdlab.cli.serve", "pdlab.cli.bench",
-             "pdlab.cli.workload", "pdlab.cli.router"]
+             "pdlab.cli.workload", "pdlab.cli.router",
+             "pdlab.cli.sim"]
 
 
 class CLIError(Exception):
