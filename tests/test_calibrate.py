@@ -244,3 +244,25 @@ def test_error_table_orders_columns():
 
 def test_request_type_round_trip():
     assert Request(0, 0.0, 1, 1).output_tokens == 1
+
+
+# ------------------------------------------------------------------ lab 05 checks
+def test_lab05_checks_pass_fail_and_not_attempted(monkeypatch):
+    from pdlab.exercises import FAILED, NOT_ATTEMPTED, PASSED
+    from pdlab.exercises.lab05 import check_attainment_diff, check_decode_step
+
+    monkeypatch.delenv("PDLAB_STRICT_CHECKS", raising=False)
+    a, b, c = TRUE.decode
+    assert check_decode_step(a + b * 16 * 400 + c * 16, TRUE, 16, 400).status == PASSED
+    assert check_decode_step(a + b * 400 + c, TRUE, 16, 400).status == FAILED
+    assert check_decode_step(None, TRUE, 16, 400).status == NOT_ATTEMPTED
+    live = [_rec(i, 0.1 * (i + 1), 0.01) for i in range(4)]
+    sim = [_rec(i, 0.05, 0.01) for i in range(4)]
+    slo = SLO(ttft_s=0.25)
+    assert check_attainment_diff(50.0, live, sim, slo).status == PASSED
+    assert check_attainment_diff(0.5, live, sim, slo).status == FAILED
+    assert check_attainment_diff("x", live, sim, slo).status == FAILED
+    assert check_attainment_diff(None, live, sim, slo).status == NOT_ATTEMPTED
+    monkeypatch.setenv("PDLAB_STRICT_CHECKS", "1")
+    with pytest.raises(AssertionError):
+        check_attainment_diff(0.5, live, sim, slo)
