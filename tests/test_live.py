@@ -114,6 +114,23 @@ def test_real_proxy_rejects_malformed_requests(deployment):
     assert status == 400
 
 
+def test_pdlab_bench_and_vllm_bench_serve_side_by_side(deployment):
+    """Both clients, interleaved on one server (the prefill instance serves plain requests too)."""
+    from pdlab.bench import compare_medians, side_by_side_with_vllm_bench
+
+    server = deployment.prefill[0]
+    ours, theirs = side_by_side_with_vllm_bench(server.url, model=deployment.served_model(),
+                                                tokenizer=server.spec.model, input_len=64, output_len=8,
+                                                num_prompts=6, name="live-agreement")
+    rows = compare_medians(ours.summary, theirs)
+    for row in rows:
+        print(f"{row['metric']}: pdlab {row['pdlab_ms']:.1f} ms, vllm bench {row['vllm_bench_ms']:.1f} ms, "
+              f"{row['rel_diff']:.1%} apart")
+    assert theirs["completed"] == 6 and ours.summary["completed"] >= 1 and ours.summary["failed"] == 0
+    tpot = next(r for r in rows if r["metric"] == "median TPOT")
+    assert tpot["rel_diff"] < 0.5, "the two clients measure TPOT very differently"
+
+
 def test_killing_decode_mid_benchmark_fails_requests_in_bounded_time(deployment):
     """Runs last in this module: it kills the decode server."""
     reqs = build_workload("fixed-64-200", rate_rps=4.0, n=12, seed=5)
@@ -137,6 +154,7 @@ def test_killing_decode_mid_benchmark_fails_requests_in_bounded_time(deployment)
     assert elapsed < 180, f"the benchmark took {elapsed:.0f} s to finish after decode died"
     # the proxy is still up and answers an error quickly
     t1 = time.monotonic()
-    status, payload = _post(deployment.url + "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2})
+    status, payload = _post(deployment.url + "/v1/completions", {"model": deployment.prefill[0].spec.served_model_name
+                            or str(Path(deployment.prefill[0].spec.model).resolve()), "prompt": "hi", "max_tokens": 2})
     assert status in (502, 504) and time.monotonic() - t1 < 60, payload
     assert deployment.proxy.alive()
