@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 PROFILE ?= ci
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test lab notebooks clean
+.PHONY: setup run test test-browser lab notebooks clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,9 @@ run: setup  ## execute every solution notebook (PROFILE=ci|full), write build/ex
 
 test: setup  ## unit tests + papermill execution of every solution and student notebook
 	$(VENV)/bin/pytest -q
+
+test-browser: setup  ## JupyterLab in headless Chromium: run notebook 02 and drive its explorer
+	$(VENV)/bin/pytest -q -s -m browser
 
 lab: setup  ## open JupyterLab on the course with the project's kernel
 	$(VENV)/bin/pdlab course kernel

@@ -8,7 +8,9 @@ Chromium with Playwright (``executable_path``; no browser is downloaded). Marker
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -47,6 +49,12 @@ def jupyterlab(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PDLAB_HEADLESS", "PDLAB_STRICT_CHECKS")}
     env.update(JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"))
+    # User settings: start the notebook's own kernel without asking, and no news pop-up.
+    settings = tmp_path / "settings"
+    for ext, name, value in (("@jupyterlab/notebook-extension", "tracker", {"autoStartDefaultKernel": True}),
+                             ("@jupyterlab/apputils-extension", "notification", {"fetchNews": "false"})):
+        (settings / ext).mkdir(parents=True, exist_ok=True)
+        (settings / ext / f"{name}.jupyterlab-settings").write_text(json.dumps(value))
     log = open(tmp_path / "jupyterlab.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
@@ -80,14 +88,49 @@ def jupyterlab(tmp_path):
         log.close()
 
 
-def _accept_kernel_dialog(page) -> None:
-    """JupyterLab may ask which kernel to start: take the notebook's own (Python (pdlab course))."""
+def _accept_kernel_dialog(page, *, until_idle_s: float = 0.0) -> None:
+    """Take the notebook's own kernel if JupyterLab asks which one to start.
+
+    With ``until_idle_s``, keep watching (the dialog can come late on a slow start) until the
+    kernel reports idle; otherwise look once for a few seconds.
+    """
     button = page.locator(".jp-Dialog button.jp-mod-accept")
-    try:
-        button.wait_for(timeout=5_000)
-    except Exception:
-        return
-    button.click()
+    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    deadline = time.monotonic() + max(until_idle_s, 5.0)
+    while time.monotonic() < deadline:
+        if button.count() and button.first.is_visible():
+            button.first.click()
+        elif until_idle_s and idle.count():
+            return
+        elif not until_idle_s and time.monotonic() > deadline - 0.5:
+            return
+        page.wait_for_timeout(500)
+    if until_idle_s:
+        pytest.fail(f"the kernel did not become idle within {until_idle_s:.0f} s")
+
+
+def _run_all_cells(page, timeout_s: float = 300) -> None:
+    """Run > Run All Cells; accept a kernel dialog if one comes; wait until a cell has run."""
+    dialog = page.locator(".jp-Dialog")
+    select = page.get_by_role("button", name="Select", exact=True)
+    executed = page.locator(".jp-InputPrompt", has_text=re.compile(r"\[\d+\]"))
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_text("Run All Cells", exact=True).click()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if dialog.count() and dialog.first.is_visible():
+            if select.count():
+                select.first.click()
+            else:  # the dialog's default button is focused
+                page.keyboard.press("Enter")
+            page.wait_for_timeout(1000)
+            if not executed.count() and not (dialog.count() and dialog.first.is_visible()):
+                page.get_by_role("menuitem", name="Run", exact=True).click()
+                page.get_by_text("Run All Cells", exact=True).click()
+        if executed.count():
+            return
+        page.wait_for_timeout(500)
+    pytest.fail(f"Run All Cells executed nothing within {timeout_s:.0f} s")
 
 
 def _plot_data(page) -> list:
@@ -112,11 +155,8 @@ def test_kv_explorer_reacts_in_jupyterlab(jupyterlab):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(jupyterlab)
             page.wait_for_selector(".jp-Notebook", timeout=180_000)
-            _accept_kernel_dialog(page)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=300_000)
-            page.get_by_role("menuitem", name="Run", exact=True).click()
-            page.get_by_text("Run All Cells", exact=True).click()
-            _accept_kernel_dialog(page)
+            _accept_kernel_dialog(page, until_idle_s=300)
+            _run_all_cells(page)
             select = page.locator(".widget-dropdown select").first
             select.wait_for(timeout=300_000)
             page.wait_for_function(
