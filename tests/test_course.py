@@ -6,7 +6,6 @@ import subprocess
 
 import nbformat
 import pytest
-
 from pdlab import course
 from pdlab.paths import repo_root
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pdlab.exercises import FAILED, NOT_ATTEMPTED, PASSED, check_close
 from pdlab.exercises.nb02 import check_kv_bytes_70b_fp8, check_transfer_ms_ndr
 from pdlab.widgets import kv_explorer, kv_link_figure

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pdlab.catalog import UnknownNameError
 from pdlab.hardware import detect_device, dtype_bytes, get_gpu, get_link, list_gpus, list_links
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from pdlab.catalog import UnknownNameError
 from pdlab.models import from_hf_config, get_model, kv_bytes_per_token, list_models, load_config, param_counts
 

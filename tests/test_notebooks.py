@@ -12,7 +12,6 @@ import json
 
 import nbformat
 import pytest
-
 from pdlab.course import run_notebook, solution_notebooks, student_notebooks
 from pdlab.paths import build_dir, repo_root
 

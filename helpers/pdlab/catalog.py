@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ def normalize_name(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(path: str, mtime: float) -> dict[str, Any]:
     with open(path) as fh:
         return yaml.safe_load(fh) or {}
