@@ -91,13 +91,17 @@ class Deployment:
             raise
         return self
 
-    def warm_up(self, rounds: int = 2, timeout_s: float = 300.0) -> float:
+    def warm_up(self, rounds: int = 2, timeout_s: float = 300.0, proxy_attempts: int = 3) -> float:
         """Send short requests to every server, then through the entry point; return the seconds spent.
 
         The first forward passes of a fresh server, and the first KV pull between two instances
-        (NIXL handshake), pay one-off costs that must not land in a measurement.
+        (NIXL handshake), pay one-off costs that must not land in a measurement. A proxied
+        request that fails is retried (up to ``proxy_attempts``): on a cold machine the first
+        handshake can outlast the proxy's read timeout. A warm-up that still fails raises
+        :class:`ServerStartError` naming the request, the proxy's answer and every log's tail.
         """
         import json
+        import urllib.error
         import urllib.request
 
         t0 = time.monotonic()
@@ -110,12 +114,29 @@ class Deployment:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 resp.read()
 
+        def fail(url: str, exc: Exception) -> ServerStartError:
+            answer = exc.read().decode(errors="replace")[:500] if isinstance(exc, urllib.error.HTTPError) else ""
+            logs = [f"--- {s.spec.role} {s.url} log {s.log_path}:\n{s.log_tail(15)}" for s in self.servers]
+            if self.proxy is not None:
+                logs.append(f"--- proxy {self.url} log {self.proxy.log_path}:\n{self.proxy.log_tail(15)}")
+            return ServerStartError(f"warm-up request to {url} failed: {type(exc).__name__}: {exc} {answer}\n"
+                                    + "\n".join(logs))
+
         for i in range(rounds):
             for server in self.servers:
-                post(server.url, i)
+                try:
+                    post(server.url, i)
+                except (OSError, urllib.error.URLError) as exc:
+                    raise fail(server.url, exc) from exc
         if self.proxy_port is not None:
             for i in range(rounds * max(len(self.prefill), len(self.decode))):
-                post(self.url, i)
+                for attempt in range(1, proxy_attempts + 1):
+                    try:
+                        post(self.url, i)
+                        break
+                    except (OSError, urllib.error.URLError) as exc:
+                        if attempt == proxy_attempts or not self.alive():
+                            raise fail(self.url, exc) from exc
         return time.monotonic() - t0
 
     def served_model(self) -> str:
