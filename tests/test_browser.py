@@ -1,8 +1,10 @@
 """JupyterLab in a real browser: open notebook 02, run all cells, drive the KV explorer.
 
-Timeouts are generous: on a fresh environment under load, the first JupyterLab start and the
-first kernel start compile every module they import. Starts JupyterLab on 127.0.0.1 with a token in a temporary directory and drives Debian's
-Chromium with Playwright (``executable_path``; no browser is downloaded). Marker ``browser``:
+Starts JupyterLab on 127.0.0.1 with a token in a temporary directory and drives Debian's
+Chromium with Playwright (``executable_path``; no browser is downloaded). The page exposes the
+app (``window.jupyterapp``), so the test waits for the kernel and runs cells through JupyterLab's
+own commands rather than menus and dialogs. Timeouts are generous: on a fresh environment the
+first JupyterLab and kernel start compile every module they import. Marker ``browser``:
 ``pytest -m browser`` runs it alone. Leaves a screenshot under ``build/browser/``.
 """
 
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -59,7 +60,7 @@ def jupyterlab(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
-         "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+         "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
@@ -88,49 +89,26 @@ def jupyterlab(tmp_path):
         log.close()
 
 
-def _accept_kernel_dialog(page, *, until_idle_s: float = 0.0) -> None:
-    """Take the notebook's own kernel if JupyterLab asks which one to start.
-
-    With ``until_idle_s``, keep watching (the dialog can come late on a slow start) until the
-    kernel reports idle; otherwise look once for a few seconds.
-    """
-    button = page.locator(".jp-Dialog button.jp-mod-accept")
-    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-    deadline = time.monotonic() + max(until_idle_s, 5.0)
-    while time.monotonic() < deadline:
-        if button.count() and button.first.is_visible():
-            button.first.click()
-        elif until_idle_s and idle.count():
-            return
-        elif not until_idle_s and time.monotonic() > deadline - 0.5:
-            return
-        page.wait_for_timeout(500)
-    if until_idle_s:
-        pytest.fail(f"the kernel did not become idle within {until_idle_s:.0f} s")
+# With --LabApp.expose_app_in_browser the page exposes the application as window.jupyterapp:
+# the test reads the notebook's kernel status and runs commands through it, not through menus.
+KERNEL_STATUS_JS = """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return k ? k.status : 'no kernel'; }"""
 
 
-def _run_all_cells(page, timeout_s: float = 300) -> None:
-    """Run > Run All Cells; accept a kernel dialog if one comes; wait until a cell has run."""
-    dialog = page.locator(".jp-Dialog")
-    select = page.get_by_role("button", name="Select", exact=True)
-    executed = page.locator(".jp-InputPrompt", has_text=re.compile(r"\[\d+\]"))
-    page.get_by_role("menuitem", name="Run", exact=True).click()
-    page.get_by_text("Run All Cells", exact=True).click()
+def _wait_for_idle_kernel(page, timeout_s: float = 300) -> None:
+    """Wait until the notebook's kernel is idle, taking the preferred kernel if JupyterLab asks."""
+    accept = page.locator(".jp-Dialog button.jp-mod-accept")
     deadline = time.monotonic() + timeout_s
+    status = "no page"
     while time.monotonic() < deadline:
-        if dialog.count() and dialog.first.is_visible():
-            if select.count():
-                select.first.click()
-            else:  # the dialog's default button is focused
-                page.keyboard.press("Enter")
-            page.wait_for_timeout(1000)
-            if not executed.count() and not (dialog.count() and dialog.first.is_visible()):
-                page.get_by_role("menuitem", name="Run", exact=True).click()
-                page.get_by_text("Run All Cells", exact=True).click()
-        if executed.count():
+        if accept.count() and accept.first.is_visible():
+            accept.first.click()
+        status = page.evaluate(KERNEL_STATUS_JS)
+        if status == "idle":
             return
         page.wait_for_timeout(500)
-    pytest.fail(f"Run All Cells executed nothing within {timeout_s:.0f} s")
+    pytest.fail(f"the notebook's kernel is still {status!r} after {timeout_s:.0f} s")
 
 
 def _plot_data(page) -> list:
@@ -155,8 +133,8 @@ def test_kv_explorer_reacts_in_jupyterlab(jupyterlab):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(jupyterlab)
             page.wait_for_selector(".jp-Notebook", timeout=180_000)
-            _accept_kernel_dialog(page, until_idle_s=300)
-            _run_all_cells(page)
+            _wait_for_idle_kernel(page)
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
             select = page.locator(".widget-dropdown select").first
             select.wait_for(timeout=300_000)
             page.wait_for_function(
@@ -176,7 +154,7 @@ def test_kv_explorer_reacts_in_jupyterlab(jupyterlab):
                 no_news.first.click()
             page.locator(".widget-dropdown").first.scroll_into_view_if_needed()
             page.screenshot(path=str(shot))
-        except Exception:
+        except BaseException:  # pytest.fail raises an exception outside Exception
             page.screenshot(path=str(shot.with_name("02_kv_explorer_failure.png")), full_page=True)
             raise
         finally:
