@@ -33,7 +33,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientTimeout, web
 
 from pdlab.router.policies import (
     LoadEstimator,
@@ -42,12 +42,11 @@ from pdlab.router.policies import (
     RoutingPolicy,
     TargetLoad,
 )
-from pdlab.serve.proxy import BadRequest, validate_request
+from pdlab.serve.proxy import attach_client_session, client_session, error_response, read_request
 
 __all__ = ["RouterConfig", "RouterServer", "make_router_app", "prompt_counter", "request_key", "InFlight"]
 
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
-_SESSION = web.AppKey("session", ClientSession)
 
 
 def request_key(body: dict[str, Any]) -> Hashable:
@@ -128,7 +127,7 @@ class RouterConfig:
 
 
 def _error(status: int, message: str, kind: str = "router_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+    return error_response(status, message, kind)
 
 
 def _count_output(chunks: bytes, stream: bool) -> int | None:
@@ -171,14 +170,7 @@ def make_router_app(config: RouterConfig) -> web.Application:
     timeout = ClientTimeout(total=None, connect=config.connect_timeout_s, sock_connect=config.connect_timeout_s,
                             sock_read=config.read_timeout_s)
 
-    async def on_startup(app: web.Application) -> None:
-        app[_SESSION] = ClientSession(timeout=timeout)
-
-    async def on_cleanup(app: web.Application) -> None:
-        await app[_SESSION].close()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
+    attach_client_session(app, timeout)
 
     def decide(body: dict[str, Any]) -> tuple[str, str, RouteRequest]:
         p = int(config.count_prompt(body))
@@ -200,16 +192,10 @@ def make_router_app(config: RouterConfig) -> web.Application:
         return target, url, rr
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        kind = _ENDPOINTS[request.path]
         config.stats["requests"] += 1
-        try:
-            body = validate_request(kind, await request.json())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            config.stats["client_errors"] += 1
-            return _error(400, "the request body is not valid JSON", "invalid_request_error")
-        except BadRequest as exc:
-            config.stats["client_errors"] += 1
-            return _error(400, str(exc), "invalid_request_error")
+        body = await read_request(request, config.stats)
+        if isinstance(body, web.Response):
+            return body
         try:
             target, url, rr = decide(body)
         except Exception as exc:  # a tokenizer or policy failure is the request's problem, not a crash
@@ -248,7 +234,7 @@ def make_router_app(config: RouterConfig) -> web.Application:
         if "X-Request-Id" in request.headers:
             headers["X-Request-Id"] = request.headers["X-Request-Id"]
         fwd = {k: v for k, v in request.headers.items() if k in ("Authorization", "X-Request-Id")}
-        session: ClientSession = request.app[_SESSION]
+        session = client_session(request)
         response: web.StreamResponse | None = None
         seen = bytearray()
         t0 = time.perf_counter()
@@ -294,7 +280,7 @@ def make_router_app(config: RouterConfig) -> web.Application:
         return response
 
     async def health(request: web.Request) -> web.Response:
-        session: ClientSession = request.app[_SESSION]
+        session = client_session(request)
         states = {}
         for url in backends:
             probe = url + ("/health" if url in config.colocated_urls else "/proxy/stats")

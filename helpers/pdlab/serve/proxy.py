@@ -34,7 +34,8 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-__all__ = ["ProxyConfig", "make_app", "prefill_request", "decode_request", "validate_request", "main"]
+__all__ = ["ProxyConfig", "make_app", "prefill_request", "decode_request", "validate_request", "read_request",
+           "attach_client_session", "client_session", "error_response", "main"]
 
 log = logging.getLogger("pdlab.proxy")
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
@@ -76,6 +77,44 @@ def validate_request(kind: str, body: Any) -> dict[str, Any]:
     return body
 
 
+def error_response(status: int, message: str, kind: str) -> web.Response:
+    """An OpenAI-style JSON error: ``{"error": {"message", "type", "code"}}``."""
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+async def read_request(request: web.Request, stats: dict[str, Any]) -> dict[str, Any] | web.Response:
+    """The validated JSON body of an OpenAI request, or a 400 response naming the problem.
+
+    Counts rejected requests in ``stats["client_errors"]``.
+    """
+    try:
+        return validate_request(_ENDPOINTS[request.path], await request.json())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        stats["client_errors"] += 1
+        return error_response(400, "the request body is not valid JSON", "invalid_request_error")
+    except BadRequest as exc:
+        stats["client_errors"] += 1
+        return error_response(400, str(exc), "invalid_request_error")
+
+
+def attach_client_session(app: web.Application, timeout: ClientTimeout) -> None:
+    """Give ``app`` one upstream :class:`ClientSession`, opened at start-up and closed at clean-up."""
+
+    async def on_startup(app: web.Application) -> None:
+        app[_SESSION] = ClientSession(timeout=timeout)
+
+    async def on_cleanup(app: web.Application) -> None:
+        await app[_SESSION].close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+
+
+def client_session(request: web.Request) -> ClientSession:
+    """The upstream session of the application serving ``request``."""
+    return request.app[_SESSION]
+
+
 def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
     """The request the prefill server gets: one token, no streaming, ``do_remote_decode``."""
     req = copy.deepcopy(body)
@@ -100,7 +139,7 @@ def decode_request(body: dict[str, Any], kv_transfer_params: dict[str, Any] | No
 
 
 def _error(status: int, message: str, kind: str = "proxy_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+    return error_response(status, message, kind)
 
 
 def make_app(config: ProxyConfig) -> web.Application:
@@ -116,27 +155,14 @@ def make_app(config: ProxyConfig) -> web.Application:
     prefill_timeout = ClientTimeout(total=config.prefill_timeout_s, connect=config.connect_timeout_s,
                                     sock_connect=config.connect_timeout_s)
 
-    async def on_startup(app: web.Application) -> None:
-        app[_SESSION] = ClientSession(timeout=timeout)
-
-    async def on_cleanup(app: web.Application) -> None:
-        await app[_SESSION].close()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
+    attach_client_session(app, timeout)
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        kind = _ENDPOINTS[request.path]
         config.stats["requests"] += 1
-        try:
-            body = validate_request(kind, await request.json())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            config.stats["client_errors"] += 1
-            return _error(400, "the request body is not valid JSON", "invalid_request_error")
-        except BadRequest as exc:
-            config.stats["client_errors"] += 1
-            return _error(400, str(exc), "invalid_request_error")
-        session: ClientSession = request.app[_SESSION]
+        body = await read_request(request, config.stats)
+        if isinstance(body, web.Response):
+            return body
+        session = client_session(request)
         p_url = config.prefill_urls[next(prefill_rr)]
         d_url = config.decode_urls[next(decode_rr)]
         request_id = request.headers.get("X-Request-Id") or str(uuid.uuid4())
@@ -197,7 +223,7 @@ def make_app(config: ProxyConfig) -> web.Application:
         return response
 
     async def health(request: web.Request) -> web.Response:
-        session: ClientSession = request.app[_SESSION]
+        session = client_session(request)
         states = {}
         for url in config.prefill_urls + config.decode_urls:
             try:
@@ -211,7 +237,7 @@ def make_app(config: ProxyConfig) -> web.Application:
                                  status=200 if ok else 503)
 
     async def models(request: web.Request) -> web.Response:
-        session: ClientSession = request.app[_SESSION]
+        session = client_session(request)
         url = config.decode_urls[0]
         try:
             async with asyncio.timeout(config.connect_timeout_s * 2):
