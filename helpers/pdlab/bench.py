@@ -17,7 +17,6 @@ is a failed request (vLLM would count it as a success if one chunk arrived).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import math
 import os
@@ -31,6 +30,7 @@ import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, summarize
 from pdlab.paths import build_dir
+from pdlab.streaming import run_sync, stream_request
 from pdlab.workloads import Request, gamma_arrivals, make_requests, named_workload, with_rate
 
 __all__ = [
@@ -47,7 +47,7 @@ __all__ = [
     "side_by_side_with_vllm_bench",
 ]
 
-_ENDPOINT_PATH = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+_ENDPOINTS = ("completions", "chat")
 
 
 # ---------------------------------------------------------------- prompts of exact token counts
@@ -190,53 +190,15 @@ def _payload(endpoint: str, model: str, prompt: str, max_tokens: int, ignore_eos
     return body
 
 
-async def _one(session, url: str, endpoint: str, body: dict[str, Any], req: Request, bar,
+async def _one(session, url: str, body: dict[str, Any], req: Request, bar,
                request_timeout_s: float) -> RequestRecord:
-    import aiohttp
-
+    """Send one request (streamed); its record, with absolute ``perf_counter`` times."""
     rec = RequestRecord(request_id=req.request_id, arrival_s=time.perf_counter(),
                         prompt_tokens=req.prompt_tokens, output_tokens=0, ok=False)
     rec.extra["target_output_tokens"] = req.output_tokens
-    token_times: list[float] = []
-    usage: dict[str, Any] = {}
-    done = False
-    buffer = ""
-    try:
-        async with asyncio.timeout(request_timeout_s):
-            async with session.post(url + _ENDPOINT_PATH[endpoint], json=body) as resp:
-                if resp.status != 200:
-                    text = (await resp.text())[:300]
-                    raise RuntimeError(f"HTTP {resp.status}: {text}")
-                async for raw in resp.content.iter_any():
-                    buffer += raw.decode("utf-8", "replace")
-                    while "\n\n" in buffer:
-                        message, buffer = buffer.split("\n\n", 1)
-                        message = message.strip()
-                        if not message or message.startswith(":"):
-                            continue
-                        chunk = message.removeprefix("data:").strip()
-                        if chunk == "[DONE]":
-                            done = True
-                            continue
-                        data = json.loads(chunk)
-                        if "error" in data:
-                            err = data["error"]
-                            raise RuntimeError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
-                        if data.get("choices"):
-                            token_times.append(time.perf_counter())
-                        if data.get("usage"):
-                            usage = data["usage"]
-        if not done:
-            raise RuntimeError("the stream ended before [DONE]")
-        if not token_times:
-            raise RuntimeError("no token was streamed")
-        rec.ok = True
-    except TimeoutError:
-        rec.error = f"timed out after {request_timeout_s:g} s"
-    except aiohttp.ClientError as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"
-    except (RuntimeError, ValueError, OSError) as exc:
-        rec.error = str(exc) or type(exc).__name__
+    outcome = await stream_request(session, url, body, timeout_s=request_timeout_s)
+    rec.ok, rec.error = outcome.ok, outcome.error
+    token_times, usage = outcome.chunk_times, outcome.usage
     if token_times:
         rec.first_token_s = token_times[0]
         rec.token_times_s = token_times
@@ -264,7 +226,7 @@ async def run_requests(url: str, requests: Sequence[Request], *, endpoint: str =
     import aiohttp
     from tqdm.auto import tqdm
 
-    if endpoint not in _ENDPOINT_PATH:
+    if endpoint not in _ENDPOINTS:
         raise ValueError(f"endpoint must be completions or chat, got {endpoint!r}")
     url = url.rstrip("/")
     if model is None or tokenizer is None:
@@ -289,11 +251,11 @@ async def run_requests(url: str, requests: Sequence[Request], *, endpoint: str =
         if sem is None:
             if should_stop is not None and should_stop():
                 return None
-            return await _one(session, url, endpoint, body, req, bar, request_timeout_s)
+            return await _one(session, url, body, req, bar, request_timeout_s)
         async with sem:
             if should_stop is not None and should_stop():
                 return None
-            return await _one(session, url, endpoint, body, req, bar, request_timeout_s)
+            return await _one(session, url, body, req, bar, request_timeout_s)
 
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
@@ -336,16 +298,6 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def _run_coro(coro):
-    """Run a coroutine to completion, also from inside a running loop (Jupyter): in a thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
 def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, endpoint: str = "completions",
               model: str | None = None, tokenizer: str | Path | None = None, max_concurrency: int | None = None,
               ignore_eos: bool = True, request_timeout_s: float = 300.0, progress: bool = True, seed: int = 0,
@@ -355,7 +307,7 @@ def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, 
 
     ``save=True`` (or a name) writes the summary JSON and the records JSONL under ``build/bench/``.
     """
-    records = _run_coro(run_requests(url, requests, endpoint=endpoint, model=model, tokenizer=tokenizer,
+    records = run_sync(run_requests(url, requests, endpoint=endpoint, model=model, tokenizer=tokenizer,
                                      max_concurrency=max_concurrency, ignore_eos=ignore_eos,
                                      request_timeout_s=request_timeout_s, progress=progress, seed=seed,
                                      extra_body=extra_body, should_stop=should_stop))

@@ -17,30 +17,17 @@ then finds no shared prefix, as if prefix caching were off, without restarting t
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout
+from aiohttp import ClientSession, ClientTimeout
 
 from pdlab.metrics import RequestRecord
+from pdlab.streaming import run_sync, stream_request
 
 __all__ = ["send_streaming", "run_open_loop", "run_sessions", "chat_body", "run_sync"]
-
-
-def run_sync(coro: Any) -> Any:
-    """Run a coroutine to completion from plain code, also inside a running loop (Jupyter): then
-    in a worker thread with its own loop (the router and the client live and die in that loop)."""
-    import concurrent.futures
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 def chat_body(messages: list[dict[str, str]], max_tokens: int, *, model: str | None = None,
@@ -64,58 +51,23 @@ async def send_streaming(session: ClientSession, url: str, body: dict[str, Any],
                          ) -> RequestRecord:
     """POST ``body`` (chat if it has ``messages``, else completions) with streaming; return its record.
 
-    Times are ``time.perf_counter() - clock0``. A non-200 answer, a broken connection or an SSE
-    ``error`` event gives ``ok=False`` with the message.
+    Times are ``time.perf_counter() - clock0``; chunks are timed by :func:`pdlab.streaming.stream_request`.
+    A failed request (non-200, broken connection, SSE ``error`` event) gives ``ok=False`` with the message.
     """
-    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    sent = time.perf_counter() - clock0
-    rec = RequestRecord(request_id=request_id, arrival_s=sent, prompt_tokens=prompt_tokens, output_tokens=0,
-                        extra=dict(extra or {}))
-    times: list[float] = []
-    usage = None
-    try:
-        async with session.post(url.rstrip("/") + path, json=payload) as resp:
-            rec.instance = resp.headers.get("X-Route", "")
-            if rec.instance:
-                rec.extra["route"] = rec.instance
-            if resp.status != 200:
-                text = (await resp.text())[:300]
-                rec.ok, rec.error = False, f"HTTP {resp.status}: {text}"
-                return rec
-            buf = b""
-            async for chunk in resp.content.iter_any():
-                now = time.perf_counter() - clock0
-                buf += chunk
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    line = event.decode(errors="replace").strip()
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        continue
-                    obj = json.loads(data)
-                    if "error" in obj:
-                        raise RuntimeError(obj["error"].get("message", "stream error"))
-                    if obj.get("usage"):
-                        usage = obj["usage"]
-                    for ch in obj.get("choices", []):
-                        if ch.get("text") or (ch.get("delta") or {}).get("content"):
-                            times.append(now)
-                            break
-    except (ClientError, OSError, TimeoutError, RuntimeError, ValueError) as exc:
-        rec.ok, rec.error = False, f"{type(exc).__name__}: {exc}"
-        return rec
-    if not times:
-        rec.ok, rec.error = False, "no tokens streamed"
+    sent = time.perf_counter()
+    outcome = await stream_request(session, url, body)
+    rec = RequestRecord(request_id=request_id, arrival_s=sent - clock0, prompt_tokens=prompt_tokens,
+                        output_tokens=0, extra=dict(extra or {}))
+    rec.instance = outcome.headers.get("X-Route", "")
+    if rec.instance:
+        rec.extra["route"] = rec.instance
+    times = [t - clock0 for t in outcome.chunk_times]
+    if not outcome.ok:
+        rec.ok, rec.error = False, outcome.error
         return rec
     rec.first_token_s, rec.finish_s, rec.token_times_s = times[0], times[-1], times
-    if usage:
-        rec.output_tokens = int(usage.get("completion_tokens") or len(times))
-        rec.prompt_tokens = int(usage.get("prompt_tokens") or prompt_tokens)
-    else:
-        rec.output_tokens = len(times)
+    rec.output_tokens = int(outcome.usage.get("completion_tokens") or len(times))
+    rec.prompt_tokens = int(outcome.usage.get("prompt_tokens") or prompt_tokens)
     return rec
 
 

@@ -1,0 +1,105 @@
+"""One streamed OpenAI request, timed chunk by chunk — the client side both benchmarks share.
+
+:func:`stream_request` POSTs a completions or chat body with ``stream: true`` and
+``stream_options.include_usage`` and notes the ``time.perf_counter()`` of every server-sent event
+that carries ``choices``: the timing rule of ``vllm bench serve`` (vLLM's
+``benchmarks/lib/endpoint_request_func.py``), where a chunk counts even if its text is empty
+and a chunk holding several tokens counts once. :mod:`pdlab.bench` (open-loop benchmarks) and
+:mod:`pdlab.router.client` (router runs, agent sessions) turn the outcome into a
+:class:`pdlab.metrics.RequestRecord`. :func:`run_sync` runs either from plain code or Jupyter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import ClientError, ClientSession
+
+__all__ = ["StreamOutcome", "stream_request", "request_path", "run_sync"]
+
+
+@dataclass
+class StreamOutcome:
+    """What one streamed request returned: chunk times (perf_counter s), usage, headers, error."""
+
+    chunk_times: list[float] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def request_path(body: dict[str, Any]) -> str:
+    """``/v1/chat/completions`` for a body with ``messages``, else ``/v1/completions``."""
+    return "/v1/chat/completions" if "messages" in body else "/v1/completions"
+
+
+async def stream_request(session: ClientSession, url: str, body: dict[str, Any], *,
+                         timeout_s: float | None = None) -> StreamOutcome:
+    """POST ``body`` to ``url`` (the server root) as a stream; never raises for a failed request.
+
+    A non-200 answer, a broken connection, an SSE ``error`` event, a stream without ``[DONE]``,
+    no chunk at all, or more than ``timeout_s`` seconds in total set ``error`` to a message that
+    names the problem; the chunk times seen until then are kept.
+    """
+    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    out = StreamOutcome()
+    done = False
+    buffer = ""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(url.rstrip("/") + request_path(body), json=payload) as resp:
+                out.headers = dict(resp.headers)
+                if resp.status != 200:
+                    raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+                async for raw in resp.content.iter_any():
+                    now = time.perf_counter()
+                    buffer += raw.decode("utf-8", "replace")
+                    while "\n\n" in buffer:
+                        message, buffer = buffer.split("\n\n", 1)
+                        message = message.strip()
+                        if not message or message.startswith(":"):
+                            continue
+                        chunk = message.removeprefix("data:").strip()
+                        if chunk == "[DONE]":
+                            done = True
+                            continue
+                        data = json.loads(chunk)
+                        if "error" in data:
+                            err = data["error"]
+                            raise RuntimeError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+                        if data.get("choices"):
+                            out.chunk_times.append(now)
+                        if data.get("usage"):
+                            out.usage = data["usage"]
+        if not done:
+            raise RuntimeError("the stream ended before [DONE]")
+        if not out.chunk_times:
+            raise RuntimeError("no token was streamed")
+    except TimeoutError:
+        out.error = f"timed out after {timeout_s:g} s"
+    except ClientError as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    except (RuntimeError, ValueError, OSError) as exc:
+        out.error = str(exc) or type(exc).__name__
+    return out
+
+
+def run_sync(coro: Any) -> Any:
+    """Run a coroutine to completion from plain code, also inside a running loop (Jupyter): then
+    in a worker thread with its own loop (servers and clients started in it live and die in it)."""
+    import concurrent.futures
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
