@@ -312,6 +312,19 @@ def test_cpu_and_gpu_command_lines(tmp_path):
     assert "--enforce-eager" not in gargv and "--kv-cache-memory-bytes" not in gargv
     assert gargv[gargv.index("--tensor-parallel-size") + 1] == "2" and genv["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert json.loads(gargv[gargv.index("--kv-transfer-config") + 1])["kv_buffer_device"] == "cuda"
+    assert "--dtype" not in gargv, "on a GPU the model's own dtype is kept"
+    from pdlab.hardware import cpu_serving_dtype
+
+    assert argv[argv.index("--dtype") + 1] == cpu_serving_dtype()
+    assert VLLMServerSpec(model="m", device="cpu", dtype="bfloat16").argv().count("bfloat16") == 1
+
+
+def test_cpu_serving_dtype_needs_native_bf16():
+    from pdlab.hardware import cpu_serving_dtype
+
+    assert cpu_serving_dtype({"avx2", "fma"}) == "float32"
+    assert cpu_serving_dtype({"avx512f", "avx512_bf16"}) == "bfloat16"
+    assert cpu_serving_dtype({"amx_bf16", "amx_tile"}) == "bfloat16"
 
 
 def test_port_in_use_is_a_clear_error_before_anything_starts(tmp_path):

@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-decode", type=int, default=None, help="decode instances (default: placements given, or 1)")
     p.add_argument("--port", type=int, default=8000, help="entry port (proxy for disagg, server for colocated)")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--dtype", default=None,
+                   help="model dtype (default: vLLM's on a GPU; on a CPU bfloat16 only with native bf16, else float32)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /health")
     p.add_argument("--json", action="store_true", help="print the deployment as JSON once it is up")
     p.set_defaults(func=run)
@@ -44,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from pdlab.serve.process import PortInUseError, ServerStartError
 
     model = _model(args.model)
-    common = {"max_model_len": args.max_model_len, "ready_timeout_s": args.ready_timeout, "device": args.device}
+    common = {"max_model_len": args.max_model_len, "ready_timeout_s": args.ready_timeout, "device": args.device,
+              "dtype": args.dtype}
     if args.kv_buffer_device:
         common["kv_buffer_device"] = args.kv_buffer_device
     if args.mode == "colocated":

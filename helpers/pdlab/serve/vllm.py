@@ -93,6 +93,7 @@ class VLLMServerSpec:
     side_channel_port: int | None = None  # NIXL side channel (each instance its own)
     storage_path: str | None = None  # example connector: shared folder
     max_model_len: int = 4096
+    dtype: str | None = None  # default: vLLM's on a GPU; on a CPU pdlab.hardware.cpu_serving_dtype()
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     kv_cache_bytes: int | None = 256 * 2**20  # CPU: --kv-cache-memory-bytes (GPU: vLLM's default)
@@ -129,6 +130,13 @@ class VLLMServerSpec:
             load_format = "dummy"
         if load_format:
             args += ["--load-format", load_format]
+        dtype = self.dtype
+        if dtype is None and device == "cpu":
+            from pdlab.hardware import cpu_serving_dtype
+
+            dtype = cpu_serving_dtype()
+        if dtype:
+            args += ["--dtype", dtype]
         if device == "cpu" and self.kv_cache_bytes:
             # An explicit size also skips the CPU warm-up pass in eager mode (faster start-up).
             args += ["--kv-cache-memory-bytes", str(int(self.kv_cache_bytes))]
