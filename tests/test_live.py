@@ -111,7 +111,7 @@ def test_real_proxy_rejects_malformed_requests(deployment):
 
 
 def test_pdlab_bench_and_vllm_bench_serve_side_by_side(deployment):
-    """Both clients, interleaved on one server (the prefill instance serves plain requests too)."""
+    """Both clients, one request at a time, sandwiched on one server (the prefill instance serves plain requests too)."""
     from pdlab.bench import compare_medians, side_by_side_with_vllm_bench
 
     server = deployment.prefill[0]

@@ -402,44 +402,32 @@ def _vllm_bench_result(argv: list[str], result_path: Path, returncode: int | Non
 def side_by_side_with_vllm_bench(url: str, *, model: str, tokenizer: str | Path, input_len: int, output_len: int,
                                  num_prompts: int, seed: int = 0, timeout_s: float = 900.0,
                                  name: str = "agreement") -> tuple[BenchResult, dict[str, Any]]:
-    """``pdlab bench`` and ``vllm bench serve`` on the same server *at the same time*.
+    """``pdlab bench`` and ``vllm bench serve`` on the same server, workload and minutes.
 
-    Both clients send one request at a time (``--max-concurrency 1``) with the same prompt and
-    output lengths; ``pdlab bench`` keeps sending while vLLM's benchmark runs, so both see the
-    same server load in the same time window (on a shared machine, runs minutes apart do not).
-    Returns ``(pdlab result, vllm result dict)``.
+    Every request is alone on the server (``--max-concurrency 1`` for both clients), so each
+    measures the same thing: one prefill of ``input_len`` tokens and ``output_len - 1`` decode
+    steps. The runs are sandwiched to cancel drift on a shared machine: ``pdlab bench`` sends
+    ``num_prompts`` requests (two halves), ``vllm bench serve`` its ``num_prompts`` between the
+    halves. Returns ``(pdlab result over both halves, vllm result dict)``.
     """
-    import subprocess
+    reqs = build_workload(f"fixed-{input_len}-{output_len}", rate_rps=1.0, n=num_prompts, seed=seed + 1)
+    reqs = [Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens) for r in reqs]
+    half = max(1, len(reqs) // 2)
 
-    argv, result_path = _vllm_bench_argv(url, model=model, tokenizer=tokenizer, input_len=input_len,
-                                         output_len=output_len, num_prompts=num_prompts, rate_rps=None,
-                                         max_concurrency=1, seed=seed, name=f"{name}-vllm")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    log_path = build_dir() / "bench" / f"{name}-vllm.log"
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        from pdlab.serve.evidence import scrape_metrics
+    def ours(block: list[Request], tag: str) -> BenchResult:
+        return run_bench(url, block, model=model, tokenizer=tokenizer, max_concurrency=1, progress=False,
+                         seed=seed + 1, save=f"{name}-pdlab-{tag}")
 
-        # wait until vLLM's client has a request on the server (its start-up imports take a while)
-        while proc.poll() is None and time.perf_counter() - t0 < timeout_s:
-            if scrape_metrics(url).total("vllm:num_requests_running") > 0:
-                break
-            time.sleep(0.1)
-        reqs = build_workload(f"fixed-{input_len}-{output_len}", rate_rps=1.0, n=num_prompts * 20, seed=seed + 1)
-        reqs = [Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens) for r in reqs]
-        ours = run_bench(url, reqs, model=model, tokenizer=tokenizer, max_concurrency=1, progress=False,
-                         seed=seed + 1, save=f"{name}-pdlab", extra_body=None,
-                         should_stop=lambda: proc.poll() is not None)
-        proc.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    theirs = _vllm_bench_result(argv, result_path, proc.returncode, log_path.read_text(errors="replace"),
-                                time.perf_counter() - t0)
-    return ours, theirs
+    first = ours(reqs[:half], "a")
+    theirs = vllm_bench_serve(url, model=model, tokenizer=tokenizer, input_len=input_len, output_len=output_len,
+                              num_prompts=num_prompts, max_concurrency=1, seed=seed, timeout_s=timeout_s,
+                              name=f"{name}-vllm")
+    second = ours(reqs[half:], "b") if len(reqs) > half else None
+    records = first.records + (second.records if second else [])
+    result = BenchResult(records, summarize(records, None), {**first.config, "requests": len(records),
+                                                             "order": "pdlab half, vllm bench, pdlab half"})
+    result.save(name=f"{name}-pdlab")
+    return result, theirs
 
 
 def compare_medians(pdlab_summary: dict[str, Any], vllm_result: dict[str, Any]) -> list[dict[str, Any]]:
