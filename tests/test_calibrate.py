@@ -126,6 +126,10 @@ def test_fit_handoff_recovers_latency_and_per_token_time():
     link = fit_handoff(pts, TRUE)
     assert math.isclose(link["latency_s"], 0.012, rel_tol=1e-6)
     assert math.isclose(link["s_per_token"], 2e-6, rel_tol=1e-6)
+    assert link["mae_s"] < 1e-9 and link["points"] == 3
+    # a proxy path faster than the model (residuals clipped to 0) gives a finite error, not a ratio over 0
+    fast = fit_handoff([{**p, "ttft_s": p["ttft_s"] - 0.5} for p in pts], TRUE)
+    assert fast["latency_s"] == 0.0 and fast["mae_s"] < 1e-9
     with pytest.raises(ValueError, match=">= 2 hand-off points"):
         fit_handoff(pts[:1], TRUE)
     with pytest.raises(ValueError, match="distinct prompt lengths"):

@@ -308,8 +308,10 @@ def fit_profile(points: Iterable[Mapping[str, Any]], *, decode_points: Iterable[
 def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) -> dict[str, float]:
     """KV hand-off from proxy TTFTs: ttft − prefill(l) − decode step(1, l) = latency_s + l·s_per_token.
 
-    Returns ``{"latency_s", "s_per_token", "mape"}`` (non-negative least squares on the residual
-    times; a negative residual — the proxy path faster than the model says — is clipped to 0).
+    Returns ``{"latency_s", "s_per_token", "mae_s", "points"}``: non-negative least squares on the
+    residual times (a negative residual — the proxy path faster than the model says — is clipped
+    to 0); ``mae_s`` is the fit's mean absolute error in seconds. (A relative error is not
+    reported: clipped residuals near 0 would make it meaningless.)
     """
     from scipy.optimize import nnls
 
@@ -326,9 +328,8 @@ def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) 
     coef, _ = nnls(a / scale, rest)
     coef = coef / scale
     pred = a @ coef
-    denom = np.maximum(rest, 1e-9)
     return {"latency_s": float(coef[0]), "s_per_token": float(coef[1]),
-            "mape": float(np.mean(np.abs(pred - rest) / denom)) if rest.any() else 0.0}
+            "mae_s": float(np.mean(np.abs(pred - rest))), "points": len(rest)}
 
 
 # ---------------------------------------------------------------------------------------------
