@@ -117,14 +117,17 @@ def test_pdlab_bench_and_vllm_bench_serve_side_by_side(deployment):
     server = deployment.prefill[0]
     ours, theirs = side_by_side_with_vllm_bench(server.url, model=deployment.served_model(),
                                                 tokenizer=server.spec.model, input_len=64, output_len=8,
-                                                num_prompts=6, name="live-agreement")
+                                                num_prompts=8, name="live-agreement")
     rows = compare_medians(ours.summary, theirs)
     for row in rows:
         print(f"{row['metric']}: pdlab {row['pdlab_ms']:.1f} ms, vllm bench {row['vllm_bench_ms']:.1f} ms, "
               f"{row['rel_diff']:.1%} apart")
-    assert theirs["completed"] == 6 and ours.summary["completed"] >= 1 and ours.summary["failed"] == 0
-    tpot = next(r for r in rows if r["metric"] == "median TPOT")
-    assert tpot["rel_diff"] < 0.5, "the two clients measure TPOT very differently"
+    assert theirs["completed"] == 8 and ours.summary["completed"] == 8 and ours.summary["failed"] == 0
+    # Median ITL is the robust per-token figure: on this 1-core server an occasional ~1 s stall
+    # lands in a few requests' TPOT (a mean of gaps) whichever client sent them; lab 01 checks
+    # TTFT and TPOT on the 2-core colocated server.
+    itl = next(r for r in rows if r["metric"] == "median ITL")
+    assert itl["rel_diff"] < 0.3, "the two clients time tokens differently"
 
 
 def test_killing_decode_mid_benchmark_fails_requests_in_bounded_time(deployment):
