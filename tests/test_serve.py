@@ -285,8 +285,7 @@ def test_recompute_is_flagged():
 def test_kv_transfer_configs():
     assert kv_transfer_config("nixl", "colocated") is None
     assert kv_transfer_config("nixl", "prefill") == {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
-                                                      "kv_buffer_device": "cpu",
-                                                      "kv_connector_extra_config": {"kv_lease_duration": 180}}
+                                                      "kv_buffer_device": "cpu"}
     assert kv_transfer_config("nixl", "decode", buffer_device="cuda")["kv_role"] == "kv_consumer"
     ex = kv_transfer_config("example", "decode", storage_path="/tmp/kv")
     assert ex["kv_connector"] == "ExampleConnector" and ex["kv_connector_extra_config"]["shared_storage_path"] == "/tmp/kv"

@@ -57,9 +57,6 @@ def detect_serve_device() -> str:
         return "cpu"
 
 
-NIXL_KV_LEASE_S = 180  # seconds a prefill keeps unpulled KV blocks (vLLM 0.32 default: 30)
-
-
 def kv_transfer_config(connector: str, role: str, *, buffer_device: str = "cpu",
                        storage_path: str | Path | None = None) -> dict[str, Any] | None:
     """The ``--kv-transfer-config`` dict for ``role`` (None for a colocated server)."""
@@ -74,10 +71,6 @@ def kv_transfer_config(connector: str, role: str, *, buffer_device: str = "cpu",
         if buffer_device not in ("cpu", "cuda"):
             raise ValueError(f"kv_buffer_device must be cpu or cuda, got {buffer_device!r}")
         cfg["kv_buffer_device"] = buffer_device
-        # The prefill frees a request's KV blocks when this lease (s) ends unpulled; vLLM's default
-        # of 30 s expired on this CPU while the decode's first pull waited (blocks then read
-        # after release: "potentially invalid KV blocks"), so hold them longer.
-        cfg["kv_connector_extra_config"] = {"kv_lease_duration": NIXL_KV_LEASE_S}
     else:
         if storage_path is None:
             raise ValueError("the example connector needs a shared storage_path")
