@@ -42,7 +42,13 @@ from pdlab.router.policies import (
     RoutingPolicy,
     TargetLoad,
 )
-from pdlab.serve.proxy import attach_client_session, client_session, error_response, read_request
+from pdlab.serve.proxy import (
+    attach_client_session,
+    client_session,
+    error_response,
+    health_response,
+    read_request,
+)
 
 __all__ = ["RouterConfig", "RouterServer", "make_router_app", "prompt_counter", "request_key", "InFlight"]
 
@@ -280,19 +286,8 @@ def make_router_app(config: RouterConfig) -> web.Application:
         return response
 
     async def health(request: web.Request) -> web.Response:
-        session = client_session(request)
-        states = {}
-        for url in backends:
-            probe = url + ("/health" if url in config.colocated_urls else "/proxy/stats")
-            try:
-                async with asyncio.timeout(config.connect_timeout_s):
-                    async with session.get(probe) as resp:
-                        states[url] = resp.status == 200
-            except (ClientError, OSError, TimeoutError):
-                states[url] = False
-        ok = all(states.values())
-        return web.json_response({"status": "ok" if ok else "degraded", "backends": states},
-                                 status=200 if ok else 503)
+        probes = {url: url + ("/health" if url in config.colocated_urls else "/proxy/stats") for url in backends}
+        return await health_response(client_session(request), probes, config.connect_timeout_s)
 
     async def stats(request: web.Request) -> web.Response:
         return web.json_response({**config.stats, "policy": config.policy.describe(),

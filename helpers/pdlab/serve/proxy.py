@@ -35,7 +35,7 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 __all__ = ["ProxyConfig", "make_app", "prefill_request", "decode_request", "validate_request", "read_request",
-           "attach_client_session", "client_session", "error_response", "main"]
+           "attach_client_session", "client_session", "error_response", "health_response", "main"]
 
 log = logging.getLogger("pdlab.proxy")
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
@@ -108,6 +108,20 @@ def attach_client_session(app: web.Application, timeout: ClientTimeout) -> None:
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
+
+
+async def health_response(session: ClientSession, probes: dict[str, str], timeout_s: float) -> web.Response:
+    """GET every probe URL (backend → URL); 200 ``ok`` if all answer 200 within ``timeout_s``, else 503."""
+    states = {}
+    for url, probe in probes.items():
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with session.get(probe) as resp:
+                    states[url] = resp.status == 200
+        except (ClientError, OSError, TimeoutError):
+            states[url] = False
+    ok = all(states.values())
+    return web.json_response({"status": "ok" if ok else "degraded", "backends": states}, status=200 if ok else 503)
 
 
 def client_session(request: web.Request) -> ClientSession:
@@ -223,18 +237,8 @@ def make_app(config: ProxyConfig) -> web.Application:
         return response
 
     async def health(request: web.Request) -> web.Response:
-        session = client_session(request)
-        states = {}
-        for url in config.prefill_urls + config.decode_urls:
-            try:
-                async with asyncio.timeout(config.connect_timeout_s):
-                    async with session.get(url + "/health") as resp:
-                        states[url] = resp.status == 200
-            except (ClientError, OSError, TimeoutError):
-                states[url] = False
-        ok = all(states.values())
-        return web.json_response({"status": "ok" if ok else "degraded", "backends": states},
-                                 status=200 if ok else 503)
+        probes = {url: url + "/health" for url in config.prefill_urls + config.decode_urls}
+        return await health_response(client_session(request), probes, config.connect_timeout_s)
 
     async def models(request: web.Request) -> web.Response:
         session = client_session(request)
