@@ -351,3 +351,19 @@ def test_writeup_export_holds_table_and_plot(tmp_path):
     assert "<table" in html and "goodput_rps" in html and "plotly" in html.lower() and "# Title" not in html
     with pytest.raises(TypeError):
         writeup_notebook([object()], tmp_path / "bad.ipynb")
+
+
+def test_session_timeout_is_a_failed_record_not_an_exception():
+    """A backend slower than the client session's limit gives ok=False with a message (no timeout_s given)."""
+    from pdlab.router.client import run_open_loop
+
+    async def main():
+        app, _ = _fake_backend("slow", delay_s=3.0)
+        runner, url = await _serve(app)
+        try:
+            return await run_open_loop(url, [_body(10)], [0.0], timeout_s=0.5)
+        finally:
+            await runner.cleanup()
+
+    (rec,) = asyncio.run(main())
+    assert not rec.ok and "timed out" in rec.error

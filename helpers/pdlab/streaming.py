@@ -84,7 +84,8 @@ async def stream_request(session: ClientSession, url: str, body: dict[str, Any],
         if not out.chunk_times:
             raise RuntimeError("no token was streamed")
     except TimeoutError:
-        out.error = f"timed out after {timeout_s:g} s"
+        out.error = (f"timed out after {timeout_s:g} s" if timeout_s is not None
+                     else "timed out (the client session's time limit)")
     except ClientError as exc:
         out.error = f"{type(exc).__name__}: {exc}"
     except (RuntimeError, ValueError, OSError) as exc:
