@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import urllib.request
 import pytest
 from pdlab.models import get_model, kv_bytes_per_token
 from pdlab.paths import build_dir, repo_root
+from pdlab.serve.process import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -33,12 +33,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-dev-shm-usage"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture()
 def jupyterlab(tmp_path):
     """A JupyterLab server on 127.0.0.1 serving a copy of notebook 02; stopped on every path."""
@@ -46,7 +40,7 @@ def jupyterlab(tmp_path):
     root = tmp_path / "course"
     root.mkdir()
     shutil.copy(src, root / "02.ipynb")
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if k not in ("PDLAB_HEADLESS", "PDLAB_STRICT_CHECKS")}
     env.update(JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"))

@@ -43,6 +43,7 @@ from pdlab.router.policies import (
     TargetLoad,
 )
 from pdlab.serve.proxy import (
+    ENDPOINTS,
     attach_client_session,
     client_session,
     error_response,
@@ -52,7 +53,6 @@ from pdlab.serve.proxy import (
 
 __all__ = ["RouterConfig", "RouterServer", "make_router_app", "prompt_counter", "request_key", "InFlight"]
 
-_ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
 def request_key(body: dict[str, Any]) -> Hashable:
@@ -294,7 +294,7 @@ def make_router_app(config: RouterConfig) -> web.Application:
                                   "predictor": config.predictor.name,
                                   "inflight": {u: vars(f) for u, f in inflight.items()}})
 
-    for path in _ENDPOINTS:
+    for path in ENDPOINTS:
         app.router.add_post(path, handle)
     app.router.add_get("/health", health)
     app.router.add_get("/router/stats", stats)

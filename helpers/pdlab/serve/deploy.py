@@ -126,7 +126,7 @@ class Deployment:
             for server in self.servers:
                 try:
                     post(server.url, i)
-                except (OSError, urllib.error.URLError) as exc:
+                except OSError as exc:  # URLError and HTTPError included
                     raise fail(server.url, exc) from exc
         if self.proxy_port is not None:
             for i in range(rounds * max(len(self.prefill), len(self.decode))):
@@ -134,7 +134,7 @@ class Deployment:
                     try:
                         post(self.url, i)
                         break
-                    except (OSError, urllib.error.URLError) as exc:
+                    except OSError as exc:  # URLError and HTTPError included
                         if attempt == proxy_attempts or not self.alive():
                             raise fail(self.url, exc) from exc
         return time.monotonic() - t0

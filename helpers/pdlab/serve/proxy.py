@@ -35,10 +35,10 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 __all__ = ["ProxyConfig", "make_app", "prefill_request", "decode_request", "validate_request", "read_request",
-           "attach_client_session", "client_session", "error_response", "health_response", "main"]
+           "attach_client_session", "client_session", "error_response", "health_response", "ENDPOINTS", "main"]
 
 log = logging.getLogger("pdlab.proxy")
-_ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}  # path → request kind
 _SESSION = web.AppKey("session", ClientSession)
 
 
@@ -88,7 +88,7 @@ async def read_request(request: web.Request, stats: dict[str, Any]) -> dict[str,
     Counts rejected requests in ``stats["client_errors"]``.
     """
     try:
-        return validate_request(_ENDPOINTS[request.path], await request.json())
+        return validate_request(ENDPOINTS[request.path], await request.json())
     except (json.JSONDecodeError, UnicodeDecodeError):
         stats["client_errors"] += 1
         return error_response(400, "the request body is not valid JSON", "invalid_request_error")
@@ -253,7 +253,7 @@ def make_app(config: ProxyConfig) -> web.Application:
     async def stats(request: web.Request) -> web.Response:
         return web.json_response({**config.stats, "prefill": config.prefill_urls, "decode": config.decode_urls})
 
-    for path in _ENDPOINTS:
+    for path in ENDPOINTS:
         app.router.add_post(path, handle)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
