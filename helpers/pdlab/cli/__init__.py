@@ -22,7 +22,8 @@ _COMMANDS = ["pdlab.cli.kv", "pdlab.cli.course", "pdlab.cli.trace", "pdlab.cli.q
              "pdlab.cli.transfer",
              "pdlab.cli.model", "pdlab.cli.serve", "pdlab.cli.bench",
              "pdlab.cli.workload", "pdlab.cli.router",
-             "pdlab.cli.sim"]
+             "pdlab.cli.sim",
+             "pdlab.cli.gpu_profile"]
 
 
 class CLIError(Exception):

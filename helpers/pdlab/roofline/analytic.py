@@ -484,7 +484,9 @@ def critical_decode_batch(model: ModelConfig | str, gpu: GPU | Device | str, *, 
     ``linear_only=True`` counts only the weight matmuls (projections, MLP/experts, LM head) — the
     napkin question "when do the weights stop being the bottleneck". With the KV reads included the
     answer grows with ``context`` and is None when attention's low intensity keeps the step
-    memory-bound at every batch (GQA attention has AI ≈ heads/KV-heads / bytes-per-element).
+    memory-bound at every batch (GQA decode attention: QKᵀ and AV do 4·heads·head_dim FLOPs per
+    cached token for 2·KV-heads·head_dim·bytes-per-element bytes of K and V, so AI ≈
+    2·heads / (KV-heads · bytes-per-element): 4 for Llama-3-8B in bf16, whatever the batch).
     """
     m, g = _resolve(model, gpu)
     ridge = g.peak_flops(dtype) / g.hbm_bytes_per_s

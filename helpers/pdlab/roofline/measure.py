@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdlab.hardware import detect_device
+from pdlab.hardware import detect_device, resolve_device
 from pdlab.models import ModelConfig
 from pdlab.paths import data_dir
 
@@ -40,7 +40,6 @@ __all__ = [
     "LayerPoint",
     "DeviceProfile",
     "SIZES",
-    "resolve_device",
     "time_fn",
     "measure_matmul",
     "measure_bandwidth",
@@ -120,20 +119,6 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
                      dtype="bf16"),
     },
 }
-
-
-def resolve_device(device: str = "auto") -> str:
-    """``"auto"`` → ``"cuda"`` when a GPU is visible, else ``"cpu"``; ``"cuda"`` without one raises ValueError."""
-    import torch
-
-    device = device.lower()
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but torch sees no CUDA GPU here (try --device cpu)")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
-    return device
 
 
 def time_fn(fn: Callable[[], Any], device: str, *, warmup: int = 1, repeats: int = 3) -> list[float]:
@@ -488,7 +473,18 @@ def load_profile(path: str | Path) -> DeviceProfile:
     return DeviceProfile.from_dict(d)
 
 
+def _is_roofline_profile(path: Path) -> bool:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and d.get("schema") == SCHEMA and "matmul_flops_per_s" in d
+
+
 def list_profiles(directory: str | Path | None = None) -> list[Path]:
-    """Profile JSON files under ``data/profiles/`` (or ``directory``), sorted; empty when none."""
+    """Roofline profile JSON files under ``data/profiles/`` (or ``directory``), sorted; empty when none.
+
+    Other JSON files there (latency profiles, ``*-gpu-profile.json``) are left out.
+    """
     directory = Path(directory) if directory else profiles_dir()
-    return sorted(directory.glob("*.json")) if directory.is_dir() else []
+    return sorted(p for p in directory.glob("*.json") if _is_roofline_profile(p)) if directory.is_dir() else []
