@@ -138,3 +138,218 @@ def test_summary_reports_goodput_per_gpu():
     s = res.summary(SLO(ttft_s=1.0, tpot_s=0.1))
     assert s["num_gpus"] == 2
     assert s["per_gpu_goodput_rps"] == pytest.approx(s["goodput_rps"] / 2)
+
+
+# -- the fast engine against the reference (the engine before closed-form plans) ------------------
+
+def _reference_sim(specs, **kw):
+    import sim_reference_engine as ref
+
+    return ref.Simulator(specs, **kw)
+
+
+def _assert_same_records(new, old, rel=1e-9):
+    assert len(new.records) == len(old.records)
+    for a, b in zip(new.records, old.records, strict=True):
+        assert (a.request_id, a.ok, a.error, a.preemptions, a.instance) == \
+            (b.request_id, b.ok, b.error, b.preemptions, b.instance)
+        if not a.ok:
+            continue
+        assert a.ttft_s == pytest.approx(b.ttft_s, rel=rel, abs=1e-12)
+        assert a.finish_s == pytest.approx(b.finish_s, rel=rel, abs=1e-12)
+        if a.output_tokens > 1:
+            assert a.tpot_s == pytest.approx(b.tpot_s, rel=rel, abs=1e-12)
+        if a.token_times_s is not None:
+            assert np.asarray(a.token_times_s) == pytest.approx(np.asarray(b.token_times_s), rel=rel, abs=1e-12)
+
+
+def _mooncake(n, scale):
+    from pdlab.workloads import mooncake_trace_path, read_mooncake_jsonl, scale_rate
+
+    return scale_rate(read_mooncake_jsonl(mooncake_trace_path("conversation"), limit=n), scale)
+
+
+@pytest.mark.parametrize("case", ["colocated", "chunked", "disaggregated", "overlap", "fitted", "pp2",
+                                  "tight_kv", "tight_decode", "constant"])
+def test_fast_engine_matches_reference(case):
+    from pdlab.models import get_model, kv_bytes_per_token
+    from pdlab.sim import KVLink
+
+    lat = roofline_latency("h100-sxm", "llama-3-8b")
+    cap = kv_capacity_tokens("h100-sxm", "llama-3-8b")
+    reqs = _mooncake(250, 8.0)
+    link = KVLink(kv_bytes_per_token(get_model("llama-3-8b")), 25e9, 32)
+    kw = {}
+    if case in ("colocated", "fitted", "constant"):
+        if case == "fitted":
+            lat = fit_latency(sample_points(lat))
+        if case == "constant":
+            lat, reqs = ConstantLatency(0.05, 0.013), REQS
+        specs = [InstanceSpec(lat, cap) for _ in range(3)]
+    elif case == "chunked":
+        specs = [InstanceSpec(lat, cap, scheduler="chunked", token_budget=1024) for _ in range(3)]
+    elif case == "pp2":
+        lat2 = roofline_latency("h100-sxm", "llama-3-8b", pp=2)
+        specs = [InstanceSpec(lat2, 2 * cap) for _ in range(2)]
+    elif case == "tight_kv":   # preemption by recompute on colocated instances
+        reqs = synthetic_requests(200, 20.0, prompt_tokens=900, output_tokens=300, seed=1)
+        specs = [InstanceSpec(lat, 20_000), InstanceSpec(lat, 30_000, scheduler="chunked", token_budget=512)]
+    else:
+        if case == "overlap":
+            link = KVLink(link.kv_bytes_per_token, 5e9, 32, layerwise_overlap=True, latency_s=0.002)
+        dcap = 60_000 if case == "tight_decode" else cap
+        if case == "tight_decode":
+            reqs = synthetic_requests(200, 30.0, prompt_tokens=1500, output_tokens=400, seed=2)
+        specs = [InstanceSpec(lat, cap, role="prefill") for _ in range(2)] + \
+            [InstanceSpec(lat, dcap, role="decode") for _ in range(2)]
+        kw = dict(dispatch="shortest_queue", link=link)
+    new = Simulator(specs, **kw).run(reqs)
+    old = _reference_sim(specs, **kw).run(reqs)
+    _assert_same_records(new, old)
+    if case == "tight_kv":
+        assert sum(r.preemptions for r in new.records) > 0
+    if case == "tight_decode":
+        assert any(r.extra["kv_transfer_start_s"] > r.first_token_s + 1e-3 for r in new.records)
+    for a, b in zip(new.instances, old.instances, strict=True):
+        assert a["iterations"] == b["iterations"]
+        assert a["busy_s"] == pytest.approx(b["busy_s"], rel=1e-9)
+
+
+def test_plans_without_token_times_give_the_same_metrics():
+    reqs = _mooncake(300, 8.0)
+    a = simulate(reqs, "colocated", "h100-sxm", "llama-3-8b", instances=2)
+    b = simulate(reqs, "colocated", "h100-sxm", "llama-3-8b", instances=2, record_token_times=False)
+    assert [r.first_token_s for r in a.records] == [r.first_token_s for r in b.records]
+    assert [r.finish_s for r in a.records] == [r.finish_s for r in b.records]
+
+
+# -- prefix caching -------------------------------------------------------------------------------
+
+def test_prefix_caching_skips_cached_blocks_and_counts_hits():
+    lat = FittedLatency((0.001, 1e-5, 0.0), (0.01, 0.0, 0.0))
+    shared = tuple(range(4))                       # 4 blocks of 512 tokens in common
+    reqs = [Request(0, 0.0, 2100, 2, shared + (100,)), Request(1, 1.0, 2100, 2, shared + (101,))]
+    spec = InstanceSpec(lat, 100_000, prefix_caching=True)
+    res = Simulator([spec]).run(reqs)
+    ttft = [r.ttft_s for r in res.records]
+    assert ttft[0] == pytest.approx(0.001 + 1e-5 * 2100)
+    assert ttft[1] == pytest.approx(0.001 + 1e-5 * (2100 - 4 * 512))
+    info = res.instances[0]
+    assert info["prefix_hit_tokens"] == 4 * 512
+    assert info["prefix_hit_ratio"] == pytest.approx(2048 / 4200)
+    off = Simulator([InstanceSpec(lat, 100_000)]).run(reqs)
+    assert off.records[1].ttft_s == pytest.approx(ttft[0])
+
+
+def test_prefix_cache_is_filled_only_when_a_prompt_is_admitted():
+    """A prompt that waits for the token budget must not find its own blocks when it is admitted."""
+    lat = FittedLatency((0.001, 1e-5, 0.0), (0.01, 0.0, 0.0))
+    reqs = [Request(0, 0.0, 1500, 2, (1, 2, 3)), Request(1, 0.0, 1500, 2, (7, 8, 9))]
+    spec = InstanceSpec(lat, 100_000, prefix_caching=True, max_batched_tokens=2000)
+    res = Simulator([spec]).run(reqs)
+    assert res.instances[0]["prefix_hit_tokens"] == 0
+
+
+def test_build_simulator_prefix_caching_on_the_mooncake_trace():
+    reqs = _mooncake(600, 4.0)
+    on = simulate(reqs, "colocated", "h100-sxm", "llama-3-70b", instances=2, tp=4, prefix_caching=True)
+    off = simulate(reqs, "colocated", "h100-sxm", "llama-3-70b", instances=2, tp=4)
+    assert sum(i["prefix_hit_tokens"] for i in on.instances) > 0
+    assert np.median([r.ttft_s for r in on.records]) < np.median([r.ttft_s for r in off.records])
+
+
+# -- hand-off physics -----------------------------------------------------------------------------
+
+def _pd(dcap=100_000, reservation="prompt", max_num_seqs=256, link=None, **extra):
+    lat = FittedLatency((0.01, 0.0, 0.0), (0.01, 0.0, 0.0))
+    specs = [InstanceSpec(lat, 100_000, role="prefill", max_batched_tokens=100_000, **extra),
+             InstanceSpec(lat, dcap, role="decode", handoff_reservation=reservation, max_num_seqs=max_num_seqs,
+                          **extra)]
+    return Simulator(specs, dispatch="shortest_queue", link=link)
+
+
+def test_handoff_reservation_bounds_concurrent_transfers():
+    from pdlab.sim import KVLink
+
+    link = KVLink(1000.0, 1e6, sharing="fair")            # 1 ms per token on the wire
+    reqs = [Request(i, 0.0, 1000, 20) for i in range(3)]
+    # prefills end at 0.01 s (the first request alone) and 0.02 s (the other two); the decode
+    # instance holds 2,100 tokens: two prompts reserved at once, the third waits for a finish
+    res = _pd(2100, link=link).run(reqs)
+    starts = sorted(r.extra["kv_transfer_start_s"] for r in res.records)
+    assert starts[:2] == pytest.approx([0.01, 0.02]) and starts[2] > 0.2
+    # without reservation (KV staged in host memory) all three transfers start at once
+    res = _pd(2100, "none", link=link).run(reqs)
+    assert [r.extra["kv_transfer_start_s"] for r in res.records] == pytest.approx([0.01, 0.02, 0.02])
+    assert all(r.ok for r in res.records)
+    # vLLM also starts no hand-off while max_num_seqs requests run: the second waits for the first
+    fast = KVLink(1000.0, 1e8)                            # 10 ms per prompt
+    reqs = [Request(0, 0.0, 1000, 20), Request(1, 0.05, 1000, 20)]
+    starts = {mode: [r.extra["kv_transfer_start_s"] for r in _pd(100_000, mode, max_num_seqs=1, link=fast).run(reqs).records]
+              for mode in ("prompt", "vllm")}
+    assert starts["prompt"] == pytest.approx([0.01, 0.06])
+    assert starts["vllm"][1] == pytest.approx(0.02 + 19 * 0.01)     # when request 0 finishes
+
+
+def test_fair_link_sharing_versus_fifo():
+    from pdlab.sim import KVLink
+
+    # two 1,000-token prompts (1 s each on the wire at 1 MB/s), prefilled by 0.01 s and 0.02 s
+    reqs = [Request(0, 0.0, 1000, 2), Request(1, 0.0, 1000, 2)]
+    fifo = _pd(link=KVLink(1000.0, 1e6)).run(reqs)
+    fair = _pd(link=KVLink(1000.0, 1e6, sharing="fair")).run(reqs)
+    ends_fifo = [r.extra["kv_transfer_end_s"] for r in fifo.records]
+    ends_fair = [r.extra["kv_transfer_end_s"] for r in fair.records]
+    assert ends_fifo == pytest.approx([1.01, 2.01])
+    # fair: the first runs alone for 0.01 s, then both at half speed: 0.99 s left → 0.02 + 1.98
+    assert ends_fair == pytest.approx([2.0, 2.01])
+    # a short transfer joining a long one: 1,000 + 250 tokens; the short one gets half the link
+    reqs = [Request(0, 0.0, 1000, 2), Request(1, 0.5, 250, 2)]
+    fair = _pd(link=KVLink(1000.0, 1e6, sharing="fair")).run(reqs)
+    e = {r.request_id: r.extra["kv_transfer_end_s"] for r in fair.records}
+    # the first (from 0.01 s) has 0.5 s done when the second starts at 0.51; both run at half speed
+    # until the second is done (0.25 s of work in 0.5 s), then the first finishes its last 0.25 s alone
+    assert e[1] == pytest.approx(0.51 + 2 * 0.25)
+    assert e[0] == pytest.approx(e[1] + (1.0 - 0.5 - 0.25))
+
+
+def test_transfer_setup_cost_is_paid_per_transfer():
+    from pdlab.sim import KVLink
+
+    reqs = [Request(0, 0.0, 1000, 2), Request(1, 0.0, 1000, 2)]
+    for sharing in ("fifo", "fair"):
+        base = _pd(link=KVLink(1000.0, 1e6, sharing=sharing)).run(reqs)
+        slow = _pd(link=KVLink(1000.0, 1e6, sharing=sharing, setup_s=0.05)).run(reqs)
+        a = sorted(r.extra["kv_transfer_end_s"] for r in base.records)
+        b = sorted(r.extra["kv_transfer_end_s"] for r in slow.records)
+        assert b[1] - a[1] == pytest.approx(0.10 if sharing == "fifo" else 0.05, abs=0.011)
+        assert b[0] > a[0] + 0.04
+    assert KVLink(1000.0, 1e6, setup_s=0.05).transfer_s(1000) == pytest.approx(1.05)
+
+
+def test_cpu_contention_slows_iterations_of_instances_sharing_cores():
+    lat = ConstantLatency(0.1, 0.01)
+    reqs = [Request(0, 0.0, 100, 50), Request(1, 0.0, 100, 50)]
+
+    def run(factor):
+        specs = [InstanceSpec(lat, 10_000, cpu_group="host", cpu_contention=factor) for _ in range(2)]
+        return Simulator(specs).run(reqs)
+
+    alone = run(0.0)
+    shared = run(0.5)
+    assert [r.ttft_s for r in alone.records] == pytest.approx([0.1, 0.1])
+    # the second instance starts while the first is busy: 1.5× its prefill
+    assert sorted(r.ttft_s for r in shared.records) == pytest.approx([0.1, 0.15])
+    assert all(s.tpot_s > a.tpot_s for s, a in zip(shared.records, alone.records, strict=True))
+    # same answer as a step-by-step simulation (the plans are re-cut when a peer's state changes)
+    import pdlab.sim.engine as eng
+
+    old = eng._MAX_PLAN_STEPS
+    try:
+        eng._MAX_PLAN_STEPS = 1
+        step = run(0.5)
+    finally:
+        eng._MAX_PLAN_STEPS = old
+    _assert_same_records(shared, step)
+    with pytest.raises(ValueError, match="cpu_contention"):
+        InstanceSpec(lat, 10, cpu_contention=-1)

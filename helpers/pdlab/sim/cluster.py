@@ -32,7 +32,9 @@ def build_simulator(mode: str, gpu: str, model: str, *, instances: int = 1, pref
                     link: str | None = None, link_bandwidth_bytes_per_s: float | None = None,
                     layerwise_overlap: bool = False, dispatch: str | DispatchPolicy | None = None,
                     decode_dispatch: str | DispatchPolicy = "least_loaded",
-                    record_token_times: bool = True) -> Simulator:
+                    record_token_times: bool = True, prefix_caching: bool = False,
+                    handoff_reservation: str = "prompt", link_sharing: str = "fifo",
+                    transfer_setup_s: float = 0.0, cpu_contention: float = 0.0) -> Simulator:
     """A simulator for ``mode`` = ``colocated`` (vLLM-style), ``chunked`` (Sarathi-Serve) or
     ``disaggregated`` (``prefill`` + ``decode`` instances, KV over ``link``).
 
@@ -40,6 +42,12 @@ def build_simulator(mode: str, gpu: str, model: str, *, instances: int = 1, pref
     ``decode_pp`` default to them). ``latency`` builds each instance's model from (tp, pp); the
     default is :func:`~pdlab.sim.latency.roofline_latency` for the catalog GPU and model.
     ``dispatch`` defaults to round robin (colocated) or shortest queue (prefill pool, as DistServe).
+
+    ``prefix_caching``: vLLM-style automatic prefix caching on colocated and prefill instances.
+    Hand-off physics (see :mod:`pdlab.sim.engine`): ``handoff_reservation`` of decode instances
+    (``prompt``, ``vllm``, ``none``), ``link_sharing`` (``fifo`` or ``fair``), ``transfer_setup_s``
+    per KV transfer, and ``cpu_contention`` (> 0 puts every instance in one CPU group: an iteration
+    is ``1 + cpu_contention · n`` times slower while ``n`` other instances are busy).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -51,7 +59,9 @@ def build_simulator(mode: str, gpu: str, model: str, *, instances: int = 1, pref
                             kv_capacity_tokens=kv_capacity_tokens(g, m, t, p, dtype=dtype,
                                                                   memory_utilization=memory_utilization),
                             token_budget=token_budget, max_num_seqs=max_num_seqs,
-                            max_batched_tokens=max_batched_tokens)
+                            max_batched_tokens=max_batched_tokens, prefix_caching=prefix_caching,
+                            handoff_reservation=handoff_reservation,
+                            cpu_group="host" if cpu_contention > 0 else None, cpu_contention=cpu_contention)
 
     for name, value in (("instances", instances), ("prefill", prefill), ("decode", decode), ("tp", tp), ("pp", pp)):
         if value < 1:
@@ -65,7 +75,8 @@ def build_simulator(mode: str, gpu: str, model: str, *, instances: int = 1, pref
             if bw is not None:
                 raise ValueError("give a link name or a bandwidth, not both")
             bw = get_link(link).bytes_per_s
-        kv_link = KVLink(kv_bytes_per_token(m, dtype), bw, m.num_layers, layerwise_overlap)
+        kv_link = KVLink(kv_bytes_per_token(m, dtype), bw, m.num_layers, layerwise_overlap,
+                         sharing=link_sharing, setup_s=transfer_setup_s)
         dispatch = dispatch or "shortest_queue"
     else:
         specs = [spec("colocated", tp, pp, "chunked" if mode == "chunked" else "vllm") for _ in range(instances)]

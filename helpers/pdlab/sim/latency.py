@@ -15,8 +15,8 @@ already applied); a pipeline-parallel instance admits a new micro-batch every ``
 Models here:
 
 - :class:`RooflineLatency` — from a catalog GPU and model: max(FLOPs / peak, bytes / HBM) plus
-  TP all-reduces and a fixed overhead. A stand-in until ``pdlab.roofline`` lands; any object with
-  the same methods can replace it (see :func:`roofline_latency`).
+  TP all-reduces and a fixed overhead; any object with the same methods can replace it (see
+  :func:`roofline_latency`).
 - :class:`FittedLatency` — DistServe's fitted form (``simdistserve/estimators/time_estimator.py``
   in LLMServe/DistServe): prefill = a + b·Σl + c·Σl², decode = a + b·Σctx + c·batch, read from a
   profile file (:func:`load_profile`) or fitted to measured points (:func:`fit_latency`).
@@ -69,6 +69,16 @@ class LatencyModel(ABC):
     def decode_times_s(self, decode_batch: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
         """Step times of consecutive pure-decode iterations (vectorised where a model can)."""
         return np.array([self.step_time_s(0, 0.0, decode_batch, int(c)) for c in decode_ctx_tokens])
+
+    def decode_affine(self, decode_batch: int) -> tuple[float, float, float, float, float] | None:
+        """Pure-decode step time as ``max(a1 + b1·ctx, a2 + b2·ctx) + c`` (seconds; ctx = Σ context
+        tokens), or None when the model has no such form.
+
+        With it the simulator sums a run of decode steps in closed form (ctx grows by
+        ``decode_batch`` per step, so each line is an arithmetic series) instead of building arrays;
+        the results equal step-by-step sums up to rounding (~1e-15 relative).
+        """
+        return None
 
     def prefill_time_s(self, lengths: Sequence[int]) -> float:
         """One unchunked prefill batch of prompts with these lengths."""
@@ -155,6 +165,12 @@ class RooflineLatency(LatencyModel):
         return np.maximum(flops / c["flops_rate"], mem / c["mem_rate"]) + c["ar_per_token"] * decode_batch \
             + c["ar_fixed"] + self.overhead_s
 
+    def decode_affine(self, decode_batch: int) -> tuple[float, float, float, float, float]:
+        c = self._c
+        fr, mr = c["flops_rate"], c["mem_rate"]
+        return (c["flops_per_token"] * decode_batch / fr, c["attn_decode"] / fr, c["weight_bytes"] / mr,
+                c["kv_per_token"] / mr, c["ar_per_token"] * decode_batch + c["ar_fixed"] + self.overhead_s)
+
     def describe(self) -> dict[str, Any]:
         return {"kind": "roofline", "gpu": self.gpu.key, "model": self.model.name, "tp": self.tp,
                 "pp": self.pp, "dtype": self.dtype, "compute_efficiency": self.compute_efficiency,
@@ -208,6 +224,11 @@ class FittedLatency(LatencyModel):
         ad, bd, cd = self.decode
         return ad + bd * np.asarray(decode_ctx_tokens, dtype=float) + cd * decode_batch
 
+    def decode_affine(self, decode_batch: int) -> tuple[float, float, float, float, float]:
+        ad, bd, cd = self.decode
+        a = ad + cd * decode_batch
+        return (a, bd, a, bd, 0.0)
+
     def describe(self) -> dict[str, Any]:
         return {"kind": "fitted", "prefill": list(self.prefill), "decode": list(self.decode),
                 "tp": self.tp, "pp": self.pp, **self.meta}
@@ -229,6 +250,9 @@ class ConstantLatency(LatencyModel):
 
     def decode_times_s(self, decode_batch: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
         return np.full(len(decode_ctx_tokens), self.decode_s)
+
+    def decode_affine(self, decode_batch: int) -> tuple[float, float, float, float, float]:
+        return (self.decode_s, 0.0, self.decode_s, 0.0, 0.0)
 
 
 # ----------------------------------------------------------------------------------------------
