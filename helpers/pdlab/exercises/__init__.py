@@ -7,19 +7,25 @@ unless ``PDLAB_STRICT_CHECKS=1`` (set when the solutions are executed in tests a
 where anything but a pass raises ``AssertionError``.
 
 Per-notebook checks live in submodules (``pdlab.exercises.nb02`` for notebook 02, ...).
+
+When ``PDLAB_EXPECTED_LOG`` names a file, every check appends its exercise name and expected value
+to it (one JSON object per line): the answer-not-on-the-page test uses it to look for the expected
+values in a student copy's text and outputs.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CheckResult", "check_close", "check_true", "report", "strict_mode", "PASSED", "FAILED",
-           "NOT_ATTEMPTED"]
+__all__ = ["CheckResult", "check_close", "check_true", "report", "strict_mode", "record_expected", "PASSED",
+           "FAILED", "NOT_ATTEMPTED", "EXPECTED_LOG_ENV"]
 
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
+EXPECTED_LOG_ENV = "PDLAB_EXPECTED_LOG"
 _SYMBOL = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⏳"}
 
 
@@ -53,9 +59,23 @@ def report(result: CheckResult) -> CheckResult:
     return result
 
 
+def record_expected(exercise: str, expected: Any) -> None:
+    """Append ``expected`` to the file named by ``PDLAB_EXPECTED_LOG`` (no-op when it is unset)."""
+    path = os.environ.get(EXPECTED_LOG_ENV)
+    if not path:
+        return
+    try:
+        json.dumps(expected)
+    except (TypeError, ValueError):
+        expected = repr(expected)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"exercise": exercise, "expected": expected}) + "\n")
+
+
 def check_close(exercise: str, value: Any, expected: float, *, rel_tol: float = 0.02,
                 unit: str = "", hint: str = "") -> CheckResult:
     """Check a numeric answer within a relative tolerance; ``None`` means not attempted."""
+    record_expected(exercise, float(expected))
     if value is None:
         return report(CheckResult(exercise, NOT_ATTEMPTED, "set the answer variable and run the cell"))
     try:
@@ -63,14 +83,18 @@ def check_close(exercise: str, value: Any, expected: float, *, rel_tol: float = 
     except (TypeError, ValueError):
         return report(CheckResult(exercise, FAILED, f"expected a number, got {type(value).__name__}"))
     if math.isclose(got, expected, rel_tol=rel_tol):
-        within = "exact" if rel_tol < 1e-6 else f"within {rel_tol:.0%}"
+        within = "exact" if rel_tol < 1e-6 else f"within {rel_tol * 100:g}%"
         return report(CheckResult(exercise, PASSED, f"{got:,.6g} {unit} ({within})"))
-    msg = f"got {got:,.6g} {unit}, not within {rel_tol:.0%} of the expected value."
+    msg = f"got {got:,.6g} {unit}, not within {rel_tol * 100:g}% of the expected value."
     return report(CheckResult(exercise, FAILED, f"{msg} {hint}".strip()))
 
 
-def check_true(exercise: str, value: Any, ok: bool, *, good: str, bad: str) -> CheckResult:
-    """Report a pass when ``ok`` holds (``value`` None = not attempted)."""
+def check_true(exercise: str, value: Any, ok: bool, *, good: str, bad: str,
+               expected: Any = None) -> CheckResult:
+    """Report a pass when ``ok`` holds (``value`` None = not attempted); ``expected`` (optional) is
+    the reference answer, recorded for the answer-not-on-the-page test."""
+    if expected is not None:
+        record_expected(exercise, expected)
     if value is None:
         return report(CheckResult(exercise, NOT_ATTEMPTED, "set the answer variable and run the cell"))
     return report(CheckResult(exercise, PASSED if ok else FAILED, good if ok else bad))

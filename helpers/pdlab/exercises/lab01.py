@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pdlab.exercises import CheckResult, check_close
 from pdlab.metrics import RequestRecord
 from pdlab.serve.evidence import KVTransferEvidence
 
-__all__ = ["check_tpot_from_record", "check_transferred_fraction"]
+__all__ = ["check_tpot_from_record", "check_transferred_fraction", "check_mean_tpot_ms",
+           "check_transferred_tokens_per_request"]
 
 
 def check_tpot_from_record(value, record: RequestRecord) -> CheckResult:
@@ -21,3 +24,22 @@ def check_transferred_fraction(value, evidence: KVTransferEvidence) -> CheckResu
     expected = evidence.external_kv_tokens / evidence.prompt_tokens if evidence.prompt_tokens else 0.0
     return check_close("Exercise 2", value, expected, rel_tol=1e-6,
                        hint="Use the decode server's counters: external_kv_tokens over prompt_tokens.")
+
+
+def check_mean_tpot_ms(value, records: Sequence[RequestRecord]) -> CheckResult:
+    """Exercise 1 (run-level, unlike notebook 04's single record): mean TPOT in milliseconds over the
+    completed requests with at least two output tokens, as ``vllm bench serve`` reports "Mean TPOT"."""
+    tpots = [(r.finish_s - r.first_token_s) / (r.output_tokens - 1) for r in records
+             if r.ok and r.output_tokens > 1]
+    expected = 1e3 * sum(tpots) / len(tpots) if tpots else float("nan")
+    return check_close("Exercise 1", value, expected, rel_tol=1e-4, unit="ms",
+                       hint="Per completed request (finish − first token) / (output tokens − 1), then the mean, "
+                            "in ms; leave out failed requests and single-token outputs.")
+
+
+def check_transferred_tokens_per_request(value, evidence: KVTransferEvidence) -> CheckResult:
+    """Exercise 2 (not guessable, unlike a fraction that is often exactly 1): prompt tokens whose KV
+    the decode server loaded from the prefill side, per request, from its counters."""
+    expected = evidence.external_kv_tokens / evidence.requests if evidence.requests else 0.0
+    return check_close("Exercise 2", value, expected, rel_tol=1e-6, unit="tokens per request",
+                       hint="Use the decode server's counters: external_kv_tokens ÷ requests.")

@@ -24,7 +24,7 @@ def check_attainment_diff(value, live: Sequence[RequestRecord], sim: Sequence[Re
     """Exercise 2: simulated minus measured SLO attainment, in percentage points."""
     expected = 100.0 * (slo_attainment(sim, slo) - slo_attainment(live, slo))
     if value is None:
-        return check_true("Exercise 2", None, False, good="", bad="")
+        return check_true("Exercise 2", None, False, good="", bad="", expected=expected)
     try:
         got = float(value)
     except (TypeError, ValueError):

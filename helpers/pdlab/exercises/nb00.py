@@ -11,7 +11,7 @@ __all__ = ["check_device_kind", "check_ridge_h100"]
 def check_device_kind(value) -> CheckResult:
     """Exercise 1: the kind of device this kernel runs on ("cpu" or "cuda")."""
     actual = detect_device()["kind"]
-    return check_true("Exercise 1", value, value == actual,
+    return check_true("Exercise 1", value, value == actual, expected=actual,
                       good=f"this kernel runs on {actual!r}",
                       bad=f"got {value!r}; pdlab.hardware.detect_device() says {actual!r}")
 

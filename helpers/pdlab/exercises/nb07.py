@@ -35,17 +35,21 @@ def reuse_bandwidth_threshold(prefix_tokens: int = 8192, model: str = "llama-3-7
     return flops * 2 * d * elem_bytes / (gqa * (a * prefix_tokens * d + b * d * d))
 
 
-def check_reuse_bandwidth_gbs(value) -> CheckResult:
-    """Exercise 2: the reuse threshold for an 8192-token prefix of LLaMA3-70B on 8×A800, in GB/s."""
-    expected = reuse_bandwidth_threshold() / 1e9
+def check_reuse_bandwidth_gbs(value, prefix_tokens: int = 8192, gpu: str = "a800") -> CheckResult:
+    """Exercise 2: the reuse threshold for a ``prefix_tokens`` prefix of LLaMA3-70B on 8 × ``gpu``, in GB/s."""
+    expected = reuse_bandwidth_threshold(prefix_tokens, gpu=gpu) / 1e9
+    peak = get_gpu(gpu).peak_flops("bf16") / 1e12
     return check_close("Exercise 2", value, expected, rel_tol=0.01, unit="GB/s",
-                       hint="G = 8 × 312 TFLOP/s; d = 8192; gqa = 64/8; s = 2 bytes (bf16); a = 4, b = 22.")
+                       hint=f"G = 8 × {peak:g} TFLOP/s; d = 8192; gqa = 64/8; s = 2 bytes (bf16); a = 4, b = 22; "
+                            f"p = {prefix_tokens}.")
 
 
-def check_remote_prefix_ttft_s(value) -> CheckResult:
-    """Exercise 3: Algorithm 1's TTFT estimate on an idle instance that fetches a 4,096-token prefix
-    held elsewhere for an 8,192-token prompt (``mooncake_cluster()`` defaults)."""
+def check_remote_prefix_ttft_s(value, prompt_tokens: int = 8192, prefix_tokens: int = 4096) -> CheckResult:
+    """Exercise 3: Algorithm 1's TTFT estimate on an idle instance that fetches a ``prefix_tokens`` prefix
+    held elsewhere for a ``prompt_tokens`` prompt (``mooncake_cluster()`` defaults)."""
     c = mooncake_cluster()
-    expected = c.transfer_s(4096) + c.prefill.time_s(4096, 4096)
+    rest = prompt_tokens - prefix_tokens
+    expected = c.transfer_s(prefix_tokens) + c.prefill.time_s(rest, prefix_tokens)
     return check_close("Exercise 3", value, expected, rel_tol=0.01, unit="s",
-                       hint="queue (0) + transfer of 4,096 tokens of KV + prefill of the other 4,096 after the prefix.")
+                       hint=f"queue (0) + transfer of {prefix_tokens:,} tokens of KV + prefill of the other "
+                            f"{rest:,} tokens after the prefix.")

@@ -8,15 +8,17 @@ from pdlab.pools import PoolDesign, reference_latencies
 __all__ = ["check_ha_cost_per_hour", "check_ttft_p90_limit_s"]
 
 
-def check_ha_cost_per_hour(value) -> CheckResult:
-    """Exercise 1: USD per hour of an HA design with 2 DGX-H100 prompt and 3 DGX-A100 token machines."""
-    expected = PoolDesign("h100-sxm", 2, "a100-80gb", 3).cost_per_hour
+def check_ha_cost_per_hour(value, prompt_machines: int = 2, token_machines: int = 3) -> CheckResult:
+    """Exercise 1: USD per hour of an HA design with ``prompt_machines`` DGX-H100 prompt and
+    ``token_machines`` DGX-A100 token machines."""
+    expected = PoolDesign("h100-sxm", prompt_machines, "a100-80gb", token_machines).cost_per_hour
     return check_close("Exercise 1", value, expected, rel_tol=1e-6, unit="USD/h",
                        hint="8 GPUs per machine × catalog price_per_hour (USD per GPU-hour).")
 
 
 def check_ttft_p90_limit_s(value, model: str, prompt_tokens: int, output_tokens: int) -> CheckResult:
-    """Exercise 2: Splitwise's TTFT P90 limit = 3 × the TTFT of the request alone on a DGX-A100."""
+    """Exercise 2: Splitwise's TTFT P90 limit = 3 × the TTFT of the request alone on a DGX-A100
+    (a request shape of the exercise's own, not one of the notebook's workloads)."""
     expected = 3.0 * reference_latencies(model, prompt_tokens, output_tokens).ttft_ref_s
     return check_close("Exercise 2", value, expected, rel_tol=0.01, unit="s",
                        hint="simulate one request alone on PoolDesign('a100-80gb', 1) and multiply its TTFT by 3.")
