@@ -62,3 +62,32 @@ def test_detect_device_never_assumes_a_gpu():
     import torch
 
     assert (info["kind"] == "cuda") == torch.cuda.is_available()
+
+
+def test_link_bytes_per_s_one_rule_for_every_caller():
+    from pdlab.hardware import get_link, link_bytes_per_s
+    from pdlab.transfer import resolve_bandwidth
+
+    assert link_bytes_per_s() is None
+    assert link_bytes_per_s("ib-ndr") == get_link("ib-ndr").bytes_per_s
+    assert link_bytes_per_s(bandwidth_bytes_per_s=25e9) == 25e9
+    assert resolve_bandwidth(bandwidth_gbs=25) == 25e9
+    with pytest.raises(ValueError, match="not both"):
+        link_bytes_per_s("ib-ndr", 25e9)
+    with pytest.raises(ValueError, match="positive"):
+        resolve_bandwidth(bandwidth_gbs=0)
+
+
+def test_resolve_device(monkeypatch):
+    import pdlab.hardware as hw
+
+    monkeypatch.setattr(hw, "cuda_available", lambda: False)
+    assert hw.resolve_device("auto") == "cpu"
+    assert hw.resolve_device("CPU") == "cpu"
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        hw.resolve_device("cuda")
+    with pytest.raises(ValueError, match="auto, cpu or cuda"):
+        hw.resolve_device("tpu")
+    assert hw.detect_device()["kind"] == "cpu"
+    monkeypatch.setattr(hw, "cuda_available", lambda: True)
+    assert hw.resolve_device() == "cuda"

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -359,11 +360,18 @@ def test_a_server_that_fails_to_start_is_reported_with_its_log(tmp_path):
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    status = Path(f"/proc/{pid}/status")
-    return not (status.exists() and "zombie" in status.read_text())
+
+
+def _poll(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_stop_ends_the_whole_process_group(tmp_path):
@@ -379,9 +387,20 @@ def test_stop_ends_the_whole_process_group(tmp_path):
     child = int(pidfile.read_text())
     assert os.getpgid(child) == proc.pid, "the grandchild is in the group we created"
     proc.stop(timeout_s=5)
-    time.sleep(0.2)
-    assert not _alive(proc.pid) and not _alive(child)
+    assert _poll(lambda: not _alive(proc.pid) and not _alive(child))
     assert proc not in live_processes()
+
+
+def test_spawn_with_a_stdin_pipe_and_a_passed_fd(tmp_path):
+    from pdlab.transfer.procs import ReportingProcess
+
+    script = ("import json, os, sys; fd = int(sys.argv[sys.argv.index('--report-fd') + 1]); "
+              "line = sys.stdin.readline(); os.write(fd, (json.dumps({'echo': json.loads(line)}) + '\\n').encode())")
+    with ReportingProcess("echo", [sys.executable, "-c", script], "echo-test") as peer:
+        assert peer.process in live_processes()
+        peer.send_line({"x": 1})
+        assert peer.next_report(time.monotonic() + 20) == {"echo": {"x": 1}}
+    assert not peer.alive() and peer.process not in live_processes()
 
 
 def test_wait_http_ok_times_out_with_log_tail(tmp_path):

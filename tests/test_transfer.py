@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import psutil
 import pytest
 from pdlab.cli import main
 from pdlab.transfer import (
@@ -27,25 +28,15 @@ from pdlab.transfer.overlap import predicted_exposed_s
 SMALL = [4096, 256 * 1024]
 
 
-def _descendants(pid: int | None = None) -> set[int]:
-    """PIDs of every live descendant of ``pid`` (this process by default), from /proc."""
-    pid = pid or os.getpid()
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def _descendants() -> set[int]:
+    """PIDs of every live (not zombie) descendant of this process."""
+    out = set()
+    for child in psutil.Process().children(recursive=True):
         try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                out.add(child.pid)
+        except psutil.NoSuchProcess:
             continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
     return out
 
 

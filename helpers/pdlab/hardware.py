@@ -19,6 +19,9 @@ __all__ = [
     "get_link",
     "list_gpus",
     "list_links",
+    "link_bytes_per_s",
+    "cuda_available",
+    "resolve_device",
     "detect_device",
     "DTYPE_BYTES",
     "dtype_bytes",
@@ -118,6 +121,42 @@ def list_links() -> list[Link]:
     return [get_link(k) for k in load_yaml("links.yaml")]
 
 
+def link_bytes_per_s(link: str | None = None, bandwidth_bytes_per_s: float | None = None) -> float | None:
+    """Per-direction bytes/s from a catalog ``link`` name or a bandwidth in bytes/s; None when neither.
+
+    Giving both is an error (ValueError), as is a bandwidth that is not positive.
+    """
+    if link is not None and bandwidth_bytes_per_s is not None:
+        raise ValueError("give a link name or a bandwidth, not both")
+    if link is not None:
+        return get_link(link).bytes_per_s
+    if bandwidth_bytes_per_s is not None and bandwidth_bytes_per_s <= 0:
+        raise ValueError(f"bandwidth must be positive, got {bandwidth_bytes_per_s / 1e9:g} GB/s")
+    return bandwidth_bytes_per_s
+
+
+def cuda_available() -> bool:
+    """True when torch sees a CUDA GPU; False without one, without torch, or with a broken torch."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # torch missing or broken: never assume a GPU
+        return False
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``"auto"`` → ``"cuda"`` when a GPU is visible, else ``"cpu"``; ``"cuda"`` without one raises ValueError."""
+    device = device.lower()
+    if device == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not cuda_available():
+        raise ValueError("--device cuda asked for, but torch sees no CUDA GPU here (try --device cpu)")
+    return device
+
+
 def detect_device() -> dict[str, Any]:
     """Describe the compute device here: ``{"kind": "cuda"|"cpu", "name", "count", "torch"}``.
 
@@ -130,7 +169,7 @@ def detect_device() -> dict[str, Any]:
     except ImportError:
         return info
     info["torch"] = torch.__version__
-    if torch.cuda.is_available():
+    if cuda_available():
         info.update(kind="cuda", name=torch.cuda.get_device_name(0), count=torch.cuda.device_count())
     else:
         try:

@@ -127,6 +127,9 @@ class ManagedProcess:
         self._signal_group(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5)
+        if self.popen.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
         with _LOCK:
             _REGISTRY.pop(self.pid, None)
         return self.popen.returncode
@@ -134,6 +137,12 @@ class ManagedProcess:
     def kill(self) -> None:
         """SIGKILL the whole group now (fault injection); the registry entry stays until :meth:`stop`."""
         self._signal_group(signal.SIGKILL)
+
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.alive() else f"exited {self.returncode}"
@@ -174,8 +183,14 @@ def _install_hooks() -> None:
 
 
 def spawn(name: str, argv: Sequence[str], log_path: str | Path, *, env: Mapping[str, str] | None = None,
-          cwd: str | Path | None = None) -> ManagedProcess:
-    """Start ``argv`` in a new process group with stdout+stderr to ``log_path``; register it."""
+          cwd: str | Path | None = None, stdin: int | None = subprocess.DEVNULL,
+          pass_fds: Sequence[int] = ()) -> ManagedProcess:
+    """Start ``argv`` in a new process group with stdout+stderr to ``log_path``; register it.
+
+    ``stdin``: ``subprocess.DEVNULL`` (default) or ``subprocess.PIPE`` (then write to
+    ``proc.popen.stdin``; :meth:`ManagedProcess.stop` closes it). ``pass_fds``: file descriptors
+    the child inherits (for example the write end of a report pipe).
+    """
     _install_hooks()
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,8 +199,8 @@ def spawn(name: str, argv: Sequence[str], log_path: str | Path, *, env: Mapping[
     with open(log_path, "w") as log:
         log.write(f"$ {' '.join(argv)}\n")
         log.flush()
-        popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env=full_env, cwd=cwd, start_new_session=True,
+        popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=stdin,
+                                 env=full_env, cwd=cwd, start_new_session=True, pass_fds=tuple(pass_fds),
                                  preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
     proc = ManagedProcess(name, popen, log_path)
     with _LOCK:

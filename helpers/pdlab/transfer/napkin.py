@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from pdlab.hardware import get_link
+from pdlab.hardware import link_bytes_per_s
 from pdlab.models import ModelConfig, kv_bytes_per_token
 
 __all__ = ["KVTransfer", "kv_transfer", "resolve_bandwidth", "disaggregation_gain_s"]
@@ -36,15 +36,7 @@ class KVTransfer:
 
 def resolve_bandwidth(link: str | None = None, bandwidth_gbs: float | None = None) -> float | None:
     """Bytes/s from a catalog link name or a bandwidth in GB/s (decimal); None when neither."""
-    if link is not None and bandwidth_gbs is not None:
-        raise ValueError("give a link name or a bandwidth, not both")
-    if link is not None:
-        return get_link(link).bytes_per_s
-    if bandwidth_gbs is not None:
-        if bandwidth_gbs <= 0:
-            raise ValueError(f"bandwidth must be positive, got {bandwidth_gbs} GB/s")
-        return bandwidth_gbs * 1e9
-    return None
+    return link_bytes_per_s(link, None if bandwidth_gbs is None else bandwidth_gbs * 1e9)
 
 
 def kv_transfer(model: ModelConfig, tokens: int, dtype: str = "bf16",

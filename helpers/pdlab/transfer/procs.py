@@ -1,8 +1,9 @@
-"""Process hygiene for transfer benchmarks: start peers, read their reports, always stop them.
+"""Peers of transfer benchmarks: processes that report JSON lines on a pipe, always stopped.
 
-Every process is started in its own session (process group = its PID), so stopping it also
-ends anything it started (for example the ``multiprocessing`` resource tracker of ``shm``).
-Only those groups are signalled, by PID; logs go to ``build/transfer-logs/``.
+Processes are started and stopped by :func:`pdlab.serve.process.spawn` (the course's one process
+supervisor: own process group, stopped by PID with the whole group, registered for clean-up at
+exit). This module adds the report pipe: a :class:`ReportingProcess` gets the write end of a pipe
+as ``--report-fd N`` and writes one JSON object a line to it; logs go to ``build/transfer-logs/``.
 """
 
 from __future__ import annotations
@@ -10,16 +11,17 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from pdlab.paths import build_dir
+from pdlab.serve.process import ManagedProcess, spawn
 
-__all__ = ["ManagedProcess", "PeerProcess", "log_dir", "PeerError"]
+__all__ = ["ReportingProcess", "PeerProcess", "log_dir", "PeerError"]
 
 
 class PeerError(RuntimeError):
@@ -33,78 +35,21 @@ def log_dir() -> Path:
     return path
 
 
-class ManagedProcess:
-    """A child process in its own session, logged to a file, stopped (TERM, then KILL) on exit."""
+class ReportingProcess:
+    """``argv --report-fd N`` under :func:`~pdlab.serve.process.spawn`: JSON plans on its stdin,
+    JSON reports (one a line) read from the pipe into :attr:`reports`; ``None`` marks its end."""
 
-    def __init__(self, cmd: list[str], log_name: str, *, env: dict[str, str] | None = None,
-                 stdin: int | None = None, pass_fds: tuple[int, ...] = ()):
-        self.log_path = log_dir() / f"{log_name}.log"
-        self._log = open(self.log_path, "wb")
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        try:
-            self.proc = subprocess.Popen(cmd, stdin=stdin, stdout=self._log, stderr=subprocess.STDOUT,
-                                         env=full_env, pass_fds=pass_fds, start_new_session=True)
-        except BaseException:
-            self._log.close()
-            raise
-        self.pid = self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, n_chars: int = 2000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n_chars:]
-        except OSError:
-            return ""
-
-    def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)  # the group we created: this process and its own children
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def stop(self, grace_s: float = 5.0) -> int | None:
-        """End the process and its group; return its exit status."""
-        if self.alive():
-            self._signal_group(signal.SIGTERM)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self._signal_group(signal.SIGKILL)
-                self.proc.wait(grace_s)
-        # stragglers in the group (e.g. a resource tracker) go too
-        self._signal_group(signal.SIGKILL)
-        if self.proc.stdin is not None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-        self._log.close()
-        return self.proc.returncode
-
-    def __enter__(self) -> ManagedProcess:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-class PeerProcess(ManagedProcess):
-    """A :mod:`pdlab.transfer.peer` process: JSON plan on stdin, JSON reports on a pipe."""
-
-    def __init__(self, role: str, transport: str, *, host: str = "127.0.0.1", netns: str | None = None,
-                 corrupt: bool = False, env: dict[str, str] | None = None, log_name: str = "peer"):
+    def __init__(self, role: str, argv: Sequence[str], log_name: str, *, env: dict[str, str] | None = None,
+                 netns: str | None = None):
         read_fd, write_fd = os.pipe()
-        cmd = [sys.executable, "-m", "pdlab.transfer.peer", "--role", role, "--transport", transport,
-               "--host", host, "--report-fd", str(write_fd)]
-        if corrupt:
-            cmd.append("--corrupt")
+        cmd = [*argv, "--report-fd", str(write_fd)]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]
         self.role = role
         try:
-            super().__init__(cmd, log_name, env=env, stdin=subprocess.PIPE, pass_fds=(write_fd,))
+            self.process: ManagedProcess = spawn(f"{role}-peer", cmd, log_dir() / f"{log_name}.log",
+                                                 env={"PYTHONUNBUFFERED": "1", **(env or {})},
+                                                 stdin=subprocess.PIPE, pass_fds=(write_fd,))
         except BaseException:
             os.close(read_fd)
             raise
@@ -113,6 +58,26 @@ class PeerProcess(ManagedProcess):
         self.reports: queue.Queue = queue.Queue()
         self._reader = threading.Thread(target=self._read, args=(read_fd,), daemon=True)
         self._reader.start()
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self.process.log_tail(lines)
+
+    def stop(self, timeout_s: float = 5.0) -> int | None:
+        """End the process and its group; return its exit status."""
+        return self.process.stop(timeout_s)
+
+    def __enter__(self) -> ReportingProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def _read(self, fd: int) -> None:
         with os.fdopen(fd, "rb") as fh:
@@ -124,9 +89,10 @@ class PeerProcess(ManagedProcess):
         self.reports.put(None)  # EOF: the process has gone
 
     def send_line(self, payload: dict) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(payload) + "\n").encode())
-        self.proc.stdin.flush()
+        stdin = self.process.popen.stdin
+        assert stdin is not None
+        stdin.write((json.dumps(payload) + "\n").encode())
+        stdin.flush()
 
     def next_report(self, deadline: float) -> dict:
         """The next report, or PeerError when the peer failed, exited or the deadline passed."""
@@ -138,10 +104,20 @@ class PeerProcess(ManagedProcess):
         except queue.Empty:
             raise PeerError(f"{self.role} peer timed out (log: {self.log_path})\n{self.log_tail()}") from None
         if msg is None:
-            self.proc.wait(5)
-            raise PeerError(f"{self.role} peer exited ({self.proc.returncode}) without finishing "
+            self.process.popen.wait(5)
+            raise PeerError(f"{self.role} peer exited ({self.process.returncode}) without finishing "
                             f"(log: {self.log_path})\n{self.log_tail()}")
         if msg.get("type") == "error":
             raise PeerError(f"{self.role} peer failed: {msg['message']} (log: {self.log_path})\n"
                             f"{msg.get('traceback', '')}")
         return msg
+
+
+class PeerProcess(ReportingProcess):
+    """A :mod:`pdlab.transfer.peer` process (``role`` send or recv over ``transport``)."""
+
+    def __init__(self, role: str, transport: str, *, host: str = "127.0.0.1", netns: str | None = None,
+                 corrupt: bool = False, env: dict[str, str] | None = None, log_name: str = "peer"):
+        argv = [sys.executable, "-m", "pdlab.transfer.peer", "--role", role, "--transport", transport,
+                "--host", host] + (["--corrupt"] if corrupt else [])
+        super().__init__(role, argv, log_name, env=env, netns=netns)

@@ -30,7 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pdlab.transfer.procs import ManagedProcess, PeerError, PeerProcess
+from pdlab.serve.process import ManagedProcess, free_port, spawn
+from pdlab.transfer.procs import PeerError, ReportingProcess, log_dir
 
 __all__ = ["store_status", "master_binary", "MooncakeMaster", "StoreClient", "prefix_block_keys",
            "store_benchmark", "StoreError"]
@@ -62,20 +63,14 @@ def master_binary() -> str:
     return os.path.join(os.path.dirname(spec.origin), "mooncake_master")
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class MooncakeMaster:
     """``mooncake_master`` on ``host`` (127.0.0.1): start on enter, stop (by PID) on exit."""
 
     def __init__(self, *, host: str = "127.0.0.1", rpc_port: int | None = None, metrics_port: int | None = None,
                  threads: int = 2, extra_args: Sequence[str] = (), start_timeout_s: float = 30.0):
         self.host = host
-        self.rpc_port = rpc_port or _free_port(host)
-        self.metrics_port = metrics_port or _free_port(host)
+        self.rpc_port = rpc_port or free_port(host)
+        self.metrics_port = metrics_port or free_port(host)
         self.threads, self.extra_args, self.start_timeout_s = threads, list(extra_args), start_timeout_s
         self.process: ManagedProcess | None = None
 
@@ -91,7 +86,7 @@ class MooncakeMaster:
         cmd = [master_binary(), f"-rpc_port={self.rpc_port}", f"-rpc_address={self.host}",
                f"-metrics_port={self.metrics_port}", f"-metrics_host={self.host}",
                f"-rpc_thread_num={self.threads}", "-enable_http_metadata_server=false", *self.extra_args]
-        self.process = ManagedProcess(cmd, f"mooncake-master-{self.rpc_port}")
+        self.process = spawn("mooncake-master", cmd, log_dir() / f"mooncake-master-{self.rpc_port}.log")
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if not self.process.alive():
@@ -259,28 +254,10 @@ def _client_main(argv: list[str] | None = None) -> None:
         os._exit(code)
 
 
-class _StoreClientProcess(PeerProcess):
-    def __init__(self, role: str, master: str, corrupt: bool = False):
-        import subprocess
-
-        read_fd, write_fd = os.pipe()
-        cmd = [sys.executable, "-m", "pdlab.transfer.store", "--role", role, "--master", master,
-               "--report-fd", str(write_fd)] + (["--corrupt"] if corrupt else [])
-        self.role = role
-        try:
-            ManagedProcess.__init__(self, cmd, f"store-{role}-{os.getpid()}-{time.strftime('%H%M%S')}",
-                                    stdin=subprocess.PIPE, pass_fds=(write_fd,))
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-        import queue
-        import threading
-
-        self.reports = queue.Queue()
-        self._reader = threading.Thread(target=self._read, args=(read_fd,), daemon=True)
-        self._reader.start()
+def _store_client_process(role: str, master: str, corrupt: bool = False) -> ReportingProcess:
+    argv = [sys.executable, "-m", "pdlab.transfer.store", "--role", role, "--master", master]
+    return ReportingProcess(role, argv + (["--corrupt"] if corrupt else []),
+                            f"store-{role}-{os.getpid()}-{time.strftime('%H%M%S')}")
 
 
 def store_benchmark(blocks: int = 64, block_bytes: int = 1 << 20, *, repeats: int = 3, block_tokens: int = 256,
@@ -305,8 +282,8 @@ def store_benchmark(blocks: int = 64, block_bytes: int = 1 << 20, *, repeats: in
     writer = reader = None
     with MooncakeMaster() as master:
         try:
-            writer = _StoreClientProcess("writer", master.address)
-            reader = _StoreClientProcess("reader", master.address, corrupt=corrupt)
+            writer = _store_client_process("writer", master.address)
+            reader = _store_client_process("reader", master.address, corrupt=corrupt)
             for peer in (writer, reader):
                 peer.send_line(plan)
                 while peer.next_report(deadline).get("type") != "ready":

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pdlab.serve.process import free_port
 from pdlab.transfer.kvbuffer import KVLayout
 
 __all__ = ["TRANSPORTS", "PEER_TRANSPORTS", "DEFAULT_TRANSPORTS", "TransportInfo", "TransportUnavailable",
@@ -312,12 +313,6 @@ class TcpSender(Sender):
             self.conn.close()
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class GlooReceiver(Receiver):
     """Rank 0 (it hosts the rendezvous store); data flows from rank 1 to rank 0."""
 
@@ -325,7 +320,7 @@ class GlooReceiver(Receiver):
 
     def __init__(self, capacity: int, host: str):
         super().__init__(capacity, host)
-        self.port = _free_port(host)
+        self.port = free_port(host)
 
     def endpoint(self) -> dict:
         return {"gloo_port": self.port}
