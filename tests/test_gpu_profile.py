@@ -23,7 +23,7 @@ from pdlab.roofline.gpu_profile import (
     step_rows,
 )
 from pdlab.roofline.measure import list_profiles
-from pdlab.roofline.measure import load_profile as load_roofline
+from pdlab.roofline.measure import load_device_profile as load_roofline
 from pdlab.roofline.steps import nnls_small
 from pdlab.sim.latency import load_profile as load_latency
 

@@ -64,16 +64,16 @@ def test_detect_device_never_assumes_a_gpu():
     assert (info["kind"] == "cuda") == torch.cuda.is_available()
 
 
-def test_link_bytes_per_s_one_rule_for_every_caller():
-    from pdlab.hardware import get_link, link_bytes_per_s
+def test_resolve_link_bandwidth_one_rule_for_every_caller():
+    from pdlab.hardware import get_link, resolve_link_bandwidth
     from pdlab.transfer import resolve_bandwidth
 
-    assert link_bytes_per_s() is None
-    assert link_bytes_per_s("ib-ndr") == get_link("ib-ndr").bytes_per_s
-    assert link_bytes_per_s(bandwidth_bytes_per_s=25e9) == 25e9
+    assert resolve_link_bandwidth() is None
+    assert resolve_link_bandwidth("ib-ndr") == get_link("ib-ndr").bytes_per_s
+    assert resolve_link_bandwidth(bandwidth_bytes_per_s=25e9) == 25e9
     assert resolve_bandwidth(bandwidth_gbs=25) == 25e9
     with pytest.raises(ValueError, match="not both"):
-        link_bytes_per_s("ib-ndr", 25e9)
+        resolve_link_bandwidth("ib-ndr", 25e9)
     with pytest.raises(ValueError, match="positive"):
         resolve_bandwidth(bandwidth_gbs=0)
 

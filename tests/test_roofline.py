@@ -16,11 +16,11 @@ from pdlab.roofline import (
     critical_decode_batch,
     layer_ops,
     list_profiles,
-    load_profile,
+    load_device_profile,
     match_catalog_gpu,
     measure_device,
     model_ops,
-    save_profile,
+    save_device_profile,
 )
 
 
@@ -201,12 +201,12 @@ def test_measure_smoke_profile_roundtrip(tmp_path):
     assert prof.matmul_flops_per_s["fp32"] > 0 and prof.memory_bytes_per_s > 0
     assert {p.phase for p in prof.layer_points} == {"prefill", "decode"}
     _under_roof(prof)
-    path = save_profile(prof, tmp_path / "cpu.json")
+    path = save_device_profile(prof, tmp_path / "cpu.json")
     text = path.read_text()
     import socket
 
     assert socket.gethostname() not in text
-    again = load_profile(path)
+    again = load_device_profile(path)
     assert again.matmul_flops_per_s == prof.matmul_flops_per_s
     assert again.layer_points[0].time_s == prof.layer_points[0].time_s
     assert list_profiles(tmp_path) == [path] and list_profiles(tmp_path / "none") == []
@@ -226,7 +226,7 @@ def test_cli_measure_default_within_a_minute(tmp_path, capsys):
     assert elapsed < 60, f"measure took {elapsed:.0f} s"
     for key in ("matmul_flops_per_s", "memory_bytes_per_s", "layer_points"):
         assert key in d
-    prof = load_profile(out)
+    prof = load_device_profile(out)
     _under_roof(prof)
     assert prof.kind == "cpu" and prof.size == "ci"
 

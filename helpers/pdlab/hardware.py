@@ -19,7 +19,7 @@ __all__ = [
     "get_link",
     "list_gpus",
     "list_links",
-    "link_bytes_per_s",
+    "resolve_link_bandwidth",
     "cuda_available",
     "resolve_device",
     "detect_device",
@@ -121,7 +121,7 @@ def list_links() -> list[Link]:
     return [get_link(k) for k in load_yaml("links.yaml")]
 
 
-def link_bytes_per_s(link: str | None = None, bandwidth_bytes_per_s: float | None = None) -> float | None:
+def resolve_link_bandwidth(link: str | None = None, bandwidth_bytes_per_s: float | None = None) -> float | None:
     """Per-direction bytes/s from a catalog ``link`` name or a bandwidth in bytes/s; None when neither.
 
     Giving both is an error (ValueError), as is a bandwidth that is not positive.

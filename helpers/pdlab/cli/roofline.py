@@ -80,14 +80,14 @@ def _analytic(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace) -> int:
     import sys
 
-    from pdlab.roofline.measure import measure_device, save_profile
+    from pdlab.roofline.measure import measure_device, save_device_profile
 
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     profile = measure_device(args.device, args.size, progress=progress)
     if args.out:
         if args.out.suffix != ".json":
             raise CLIError(f"--out must name a .json file, got {args.out}")
-        save_profile(profile, args.out)
+        save_device_profile(profile, args.out)
     d = profile.as_dict()
     payload = {"device": {"kind": profile.kind, "name": profile.name, "count": profile.count},
                "torch": profile.torch, "date": profile.date, "size": profile.size,

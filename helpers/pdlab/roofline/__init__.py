@@ -2,8 +2,11 @@
 
 - :mod:`pdlab.roofline.analytic` — FLOPs and HBM bytes per operator for any catalog GPU and model.
 - :mod:`pdlab.roofline.measure` — matmul FLOP/s, memory bandwidth and a real layer on this device.
-- :mod:`pdlab.roofline.plot` — log-log roofline figures in the house style.
+- :mod:`pdlab.roofline.plot` — log-log roofline figures in the house style (plotly; imported on
+  first use of ``roofline_figure``, ``add_roof`` or ``add_points``, so the analysis imports no plotting).
 """
+
+from typing import Any
 
 from pdlab.roofline.analytic import (
     PHASES,
@@ -20,12 +23,21 @@ from pdlab.roofline.measure import (
     DeviceProfile,
     LayerShape,
     list_profiles,
-    load_profile,
+    load_device_profile,
     match_catalog_gpu,
     measure_device,
-    save_profile,
+    save_device_profile,
 )
-from pdlab.roofline.plot import add_points, add_roof, roofline_figure
+
+_PLOT_NAMES = ("add_points", "add_roof", "roofline_figure")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PLOT_NAMES:
+        from pdlab.roofline import plot
+
+        return getattr(plot, name)
+    raise AttributeError(f"module 'pdlab.roofline' has no attribute {name!r}")
 
 __all__ = [
     "PHASES",
@@ -40,10 +52,10 @@ __all__ = [
     "DeviceProfile",
     "LayerShape",
     "list_profiles",
-    "load_profile",
+    "load_device_profile",
     "match_catalog_gpu",
     "measure_device",
-    "save_profile",
+    "save_device_profile",
     "add_points",
     "add_roof",
     "roofline_figure",

@@ -28,7 +28,7 @@ Files written to ``out_dir`` (``<name>`` is the catalog GPU key, e.g. ``h200``, 
   committed GPU profiles are found by :func:`find_gpu_profiles` as
   ``data/profiles/*-gpu-profile.json`` (notebooks 01 and 03 show them).
 - ``<name>-latency.json`` — the fitted latency profile: ``pdlab simulate --profile FILE``.
-- ``<name>-roofline.json`` — the roofline alone (:func:`pdlab.roofline.measure.load_profile`).
+- ``<name>-roofline.json`` — the roofline alone (:func:`pdlab.roofline.measure.load_device_profile`).
 
 Sizes: ``full`` (a GPU: under 8 minutes on one H200) and ``smoke`` (seconds; on a 2-core CPU well
 under a minute, run by the test suite so the code path cannot rot).
@@ -372,7 +372,7 @@ def _safe(name: str) -> str:
 def save_gpu_profile(profile: GpuProfile, out_dir: str | Path, *, fitted: Any = None, roofline: Any = None
                      ) -> dict[str, Path]:
     """Write ``<name>-gpu-profile.json`` (and the latency and roofline files when given) to ``out_dir``."""
-    from pdlab.roofline.measure import save_profile as save_roofline
+    from pdlab.roofline.measure import save_device_profile as save_roofline
     from pdlab.sim.latency import save_profile as save_latency
 
     out = Path(out_dir)

@@ -15,7 +15,7 @@ points use the same statistic so they are comparable with the peaks.
   the analytic arithmetic intensity of :func:`pdlab.roofline.analytic.layer_ops` for the same shape.
 
 A profile is a JSON file (device kind and name, torch version, date, figures — no host names)
-under ``data/profiles/``; :func:`load_profile` reads it back as a :class:`DeviceProfile`, which the
+under ``data/profiles/``; :func:`load_device_profile` reads it back as a :class:`DeviceProfile`, which the
 analytic model accepts in place of a catalog GPU.
 """
 
@@ -46,8 +46,8 @@ __all__ = [
     "measure_layer",
     "measure_device",
     "match_catalog_gpu",
-    "save_profile",
-    "load_profile",
+    "save_device_profile",
+    "load_device_profile",
     "list_profiles",
     "profiles_dir",
 ]
@@ -454,7 +454,7 @@ def profiles_dir() -> Path:
     return data_dir() / "profiles"
 
 
-def save_profile(profile: DeviceProfile, path: str | Path) -> Path:
+def save_device_profile(profile: DeviceProfile, path: str | Path) -> Path:
     """Write a profile as JSON (creates the folder); return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -462,8 +462,8 @@ def save_profile(profile: DeviceProfile, path: str | Path) -> Path:
     return path
 
 
-def load_profile(path: str | Path) -> DeviceProfile:
-    """Read a profile JSON written by :func:`save_profile` (``pdlab roofline measure --out``)."""
+def load_device_profile(path: str | Path) -> DeviceProfile:
+    """Read a profile JSON written by :func:`save_device_profile` (``pdlab roofline measure --out``)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no profile at {path}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from pdlab.hardware import get_gpu, link_bytes_per_s
+from pdlab.hardware import get_gpu, resolve_link_bandwidth
 from pdlab.kvcache import BLOCK_TOKENS, LRUBlockCache
 from pdlab.models import get_model, kv_bytes_per_token
 from pdlab.router.policies import (
@@ -244,7 +244,7 @@ def build_routed_simulator(gpu: str, model: str, *, colocated: int = 1, prefill:
 
     specs = [spec("colocated") for _ in range(colocated)] + [spec("prefill") for _ in range(prefill)] + \
         [spec("decode") for _ in range(decode)]
-    bw = link_bytes_per_s(link, link_bandwidth_bytes_per_s)
+    bw = resolve_link_bandwidth(link, link_bandwidth_bytes_per_s)
     kv_link = KVLink(kv_bytes_per_token(m, dtype), bw, m.num_layers) if prefill else None
     dispatch = RouterDispatch(policy, predictor, **policy_kwargs)
     return RoutedSimulator(specs, dispatch=dispatch, link=kv_link, prefix_caching=prefix_caching,

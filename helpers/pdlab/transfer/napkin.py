@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from pdlab.hardware import link_bytes_per_s
+from pdlab.hardware import resolve_link_bandwidth
 from pdlab.models import ModelConfig, kv_bytes_per_token
 
 __all__ = ["KVTransfer", "kv_transfer", "resolve_bandwidth", "disaggregation_gain_s"]
@@ -36,7 +36,7 @@ class KVTransfer:
 
 def resolve_bandwidth(link: str | None = None, bandwidth_gbs: float | None = None) -> float | None:
     """Bytes/s from a catalog link name or a bandwidth in GB/s (decimal); None when neither."""
-    return link_bytes_per_s(link, None if bandwidth_gbs is None else bandwidth_gbs * 1e9)
+    return resolve_link_bandwidth(link, None if bandwidth_gbs is None else bandwidth_gbs * 1e9)
 
 
 def kv_transfer(model: ModelConfig, tokens: int, dtype: str = "bf16",
