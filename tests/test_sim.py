@@ -353,3 +353,30 @@ def test_cpu_contention_slows_iterations_of_instances_sharing_cores():
     _assert_same_records(shared, step)
     with pytest.raises(ValueError, match="cpu_contention"):
         InstanceSpec(lat, 10, cpu_contention=-1)
+
+
+def test_engine_prefix_lru_equals_kvcache_lru():
+    from pdlab.kvcache import LRUBlockCache
+    from pdlab.sim.engine import _PrefixLRU
+
+    rng = np.random.default_rng(3)
+    fast, ref = _PrefixLRU(40), LRUBlockCache(40)
+    for _ in range(300):
+        ids = [int(x) for x in rng.integers(0, 90, size=rng.integers(1, 12))]
+        assert fast.match(ids) == ref.match(ids)
+        fast.insert(ids)
+        ref.insert(ids)
+        assert fast.blocks() == ref.blocks()
+
+
+def test_closed_form_plan_counts_steps_like_a_cumulative_sum():
+    from pdlab.sim.engine import _Plan
+
+    lat = roofline_latency("h100-sxm", "llama-3-70b", tp=4)
+    rng = np.random.default_rng(0)
+    for n, ctx0, k in [(1, 100, 512), (8, 50_000, 300), (64, 2_000_000, 512), (3, 10, 2)]:
+        plan = _Plan(lat.decode_affine(n), ctx0, n, k, 1.0)
+        ends = np.cumsum(lat.decode_times_s(n, ctx0 + n * np.arange(k)))
+        assert plan.elapsed_all(k) == pytest.approx(ends, rel=1e-12)
+        for t in list(rng.uniform(0, ends[-1] * 1.1, 50)) + list(ends[:5]):
+            assert plan.count_below(float(t), k) == int(np.searchsorted(plan.elapsed_all(k), t, side="left"))

@@ -29,7 +29,7 @@ with an error record.
 
 Prefix caching (``InstanceSpec.prefix_caching``, vLLM's automatic prefix caching): a colocated or
 prefill instance keeps an LRU of ``prefix_block_tokens``-token prefix blocks (as many as its KV
-capacity holds, :class:`pdlab.kvcache.LRUBlockCache`); a prompt whose leading blocks (its
+capacity holds, with the LRU order of :class:`pdlab.kvcache.LRUBlockCache`); a prompt whose leading blocks (its
 ``hash_ids``) are cached starts its prefill after them (at least one token is computed). The
 blocks are looked up without side effects and inserted when the prompt is admitted. The KV is
 still held and transferred in full.
@@ -63,15 +63,17 @@ in at most one micro-batch at a time.
 from __future__ import annotations
 
 import heapq
+import math
 from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
 
-from pdlab.kvcache import BLOCK_TOKENS, LRUBlockCache
+from pdlab.kvcache import BLOCK_TOKENS
 from pdlab.metrics import RequestRecord
 from pdlab.sim.dispatch import DispatchPolicy, make_dispatch
 from pdlab.sim.latency import LatencyModel
@@ -238,6 +240,29 @@ class _Plan:
         return _series(self.pa, self.pb, m) + (_series(self.qa, self.qb, j) - _series(self.qa, self.qb, m)) \
             + self.c * j
 
+    def count_below(self, t: float, k: int) -> int:
+        """How many of the first ``k`` steps end before ``t`` seconds (``elapsed(j) < t``)."""
+        elapsed = self.elapsed
+        if elapsed(k) < t:
+            return k
+        # solve the quadratic of the line in force, then step to the exact count (1-2 steps)
+        a, b, t_eff = self.pa, self.pb, t
+        m = self.m
+        if m < k and elapsed(m) < t:
+            a, b = self.qa, self.qb
+            t_eff = t - _series(self.pa, self.pb, m) + _series(self.qa, self.qb, m)
+        lin = a + self.c - 0.5 * b
+        if b > 0:
+            est = (-lin + math.sqrt(lin * lin + 2.0 * b * max(t_eff, 0.0))) / b
+        else:
+            est = t_eff / lin if lin > 0 else 0.0
+        j = min(k, max(0, int(est)))
+        while j < k and elapsed(j + 1) < t:
+            j += 1
+        while j > 0 and not elapsed(j) < t:
+            j -= 1
+        return j
+
     def elapsed_all(self, k: int) -> np.ndarray:
         """Seconds for the first 1, 2, …, k steps (same arithmetic as :meth:`elapsed`)."""
         j = np.arange(1, k + 1, dtype=float)
@@ -275,17 +300,48 @@ class _Batch:
         """Steps of this plan that end strictly before ``t``."""
         if self.ends is not None:
             return int(np.searchsorted(self.ends, t, side="left"))
-        plan, start = self.plan, self.start
-        lo, hi = 0, self.n_steps          # invariant: step lo ends before t (lo = 0: trivially), hi does not
-        if start + plan.elapsed(hi) < t:
-            return hi
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if start + plan.elapsed(mid) < t:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return self.plan.count_below(t - self.start, self.n_steps)
+
+
+class _PrefixLRU:
+    """The LRU of :class:`pdlab.kvcache.LRUBlockCache` (same order, same evictions), on a plain dict:
+    a touched block is popped and re-inserted at the end, and eviction removes the oldest from the
+    front (CPython dicts keep insertion order and compact deleted slots when they resize)."""
+
+    __slots__ = ("capacity_blocks", "_blocks")
+
+    def __init__(self, capacity_blocks: int):
+        self.capacity_blocks = capacity_blocks
+        self._blocks: dict[int, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def match(self, hash_ids: Sequence[int]) -> int:
+        """Leading blocks of ``hash_ids`` present now (no side effects)."""
+        blocks = self._blocks
+        n = 0
+        for h in hash_ids:
+            if h not in blocks:
+                break
+            n += 1
+        return n
+
+    def insert(self, hash_ids: Sequence[int]) -> None:
+        """Touch/insert the blocks last to first, then evict the least recently used."""
+        blocks = self._blocks
+        pop = blocks.pop
+        for h in reversed(hash_ids):
+            pop(h, None)
+            blocks[h] = None
+        excess = len(blocks) - self.capacity_blocks
+        if excess > 0:
+            for h in list(islice(blocks, excess)):
+                del blocks[h]
+
+    def blocks(self) -> list[int]:
+        """Cached block ids, least recently used first."""
+        return list(self._blocks)
 
 
 def _owner(cls: type, name: str) -> type | None:
@@ -326,12 +382,12 @@ class Instance:
         self.queued_tokens = 0
         self._affine = _has_affine(spec.latency)
         self._plain_vllm = spec.scheduler == "vllm" or self.role == "prefill"
-        self.prefix_cache: LRUBlockCache | None = None
+        self.prefix_cache: _PrefixLRU | None = None
         self.block_tokens = spec.prefix_block_tokens
         self.hit_tokens = 0
         self.prompt_tokens_seen = 0
         if spec.prefix_caching and self.role != "decode":
-            self.prefix_cache = LRUBlockCache(max(1, self.capacity // self.block_tokens))
+            self.prefix_cache = _PrefixLRU(max(1, self.capacity // self.block_tokens))
         self.cpu_peers: list[Instance] = []      # other instances of the same cpu_group (set by the simulator)
         self._counted_busy = False               # busy as seen by cpu_peers
 
