@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 
 from pdlab.cli import CLIError, emit
-from pdlab.transfer.bench import VerificationError, benchmark
+from pdlab.transfer.bench import benchmark
+from pdlab.transfer.measurement import VerificationError
 from pdlab.transfer.sizes import parse_sizes, sizes_for_profile
 from pdlab.transfer.transports import TRANSPORTS, expand_transports, transport_status
 

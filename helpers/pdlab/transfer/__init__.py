@@ -10,15 +10,9 @@
 The measured parts import their libraries lazily: importing this package starts nothing.
 """
 
-from pdlab.transfer.bench import (
-    BenchReport,
-    Measurement,
-    VerificationError,
-    benchmark,
-    link_comparison,
-    measure_transport,
-)
+from pdlab.transfer.bench import BenchReport, benchmark, link_comparison, measure_transport
 from pdlab.transfer.kvbuffer import KVLayout, checksum, layout_for_size, make_payload, memcpy_bandwidth
+from pdlab.transfer.measurement import Measurement, VerificationError
 from pdlab.transfer.napkin import (
     disaggregation_gain_s,
     kv_transfer,

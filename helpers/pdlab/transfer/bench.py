@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from pdlab.transfer.kvbuffer import KVLayout, layout_for_size, memcpy_bandwidth
+from pdlab.transfer.measurement import Measurement, VerificationError
 from pdlab.transfer.procs import PeerError, PeerProcess
 from pdlab.transfer.sizes import format_size
 from pdlab.transfer.transports import (
@@ -28,36 +29,11 @@ from pdlab.transfer.transports import (
     transport_status,
 )
 
-__all__ = ["Measurement", "BenchReport", "VerificationError", "run_trials", "measure_transport",
+__all__ = ["BenchReport", "run_trials", "measure_transport",
            "benchmark", "DRAM_REFERENCE_BYTES", "link_comparison"]
 
 #: memcpy is quoted at this size (well beyond the last-level cache): the DRAM copy rate.
 DRAM_REFERENCE_BYTES = 256 * 1024**2
-
-
-class VerificationError(RuntimeError):
-    """A transfer delivered bytes whose checksum differs from what was sent."""
-
-
-@dataclass
-class Measurement:
-    """One transport at one size: median latency (s) over repeats, bandwidth in B/s (decimal)."""
-
-    transport: str
-    size_bytes: int
-    latency_s: float
-    latency_min_s: float
-    latency_max_s: float
-    bandwidth_bytes_per_s: float
-    bandwidth_min_bytes_per_s: float
-    bandwidth_max_bytes_per_s: float
-    repeats: int
-    verified: bool
-    layout: dict = field(default_factory=dict)
-    fraction_of_memcpy: float | None = None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

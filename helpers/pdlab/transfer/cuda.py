@@ -19,6 +19,7 @@ import statistics
 from typing import Any
 
 from pdlab.transfer.kvbuffer import checksum, layout_for_size, make_payload
+from pdlab.transfer.measurement import Measurement, VerificationError
 from pdlab.transfer.transports import TransportUnavailable, transport_status
 
 __all__ = ["cuda_status", "cuda_copy_benchmark", "cuda_ipc_benchmark", "CUDA_KINDS"]
@@ -34,13 +35,11 @@ def cuda_status() -> tuple[bool, str]:
 
 
 def cuda_copy_benchmark(sizes: list[int], repeats: int = 5):
-    """Measure every CUDA copy kind at every size; returns :class:`pdlab.transfer.bench.Measurement` rows."""
+    """Measure every CUDA copy kind at every size; returns :class:`pdlab.transfer.measurement.Measurement` rows."""
     ok, why = cuda_status()
     if not ok:
         raise TransportUnavailable(f"transport 'cuda' is unavailable: {why}")
     import torch
-
-    from pdlab.transfer.bench import Measurement, VerificationError
 
     n_gpus = torch.cuda.device_count()
     results = []
@@ -117,8 +116,8 @@ def _ipc_receiver(inbox: Any, outbox: Any) -> None:
 def cuda_ipc_benchmark(sizes: list[int], repeats: int = 5, *, timeout_s: float = 300.0):
     """Copy a KV buffer from this process's GPU memory into a second process's, through CUDA IPC.
 
-    Returns :class:`pdlab.transfer.bench.Measurement` rows (transport ``cuda-ipc``); raises
-    :class:`pdlab.transfer.bench.VerificationError` when the CRC of what arrived differs. The
+    Returns :class:`pdlab.transfer.measurement.Measurement` rows (transport ``cuda-ipc``); raises
+    :class:`pdlab.transfer.measurement.VerificationError` when the CRC of what arrived differs. The
     child process is started here and stopped (by its PID) on every path.
     """
     ok, why = cuda_status()
@@ -128,8 +127,6 @@ def cuda_ipc_benchmark(sizes: list[int], repeats: int = 5, *, timeout_s: float =
 
     import torch
     import torch.multiprocessing as mp
-
-    from pdlab.transfer.bench import Measurement, VerificationError
 
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pdlab.transfer.bench import VerificationError, run_trials
+from pdlab.transfer.bench import run_trials
 from pdlab.transfer.kvbuffer import BLOCK_BYTES
+from pdlab.transfer.measurement import VerificationError
 
 __all__ = ["EmulationUnavailable", "EmulatedLink", "emulation_status", "emulated_link", "replay_kv_transfer",
            "tbf_burst_bytes"]

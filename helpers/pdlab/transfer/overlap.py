@@ -69,7 +69,7 @@ def measure_overlap(layers: int, layer_bytes: int, compute_per_layer_s: list[flo
                     "predicted_exposed_s": predicted_exposed_s(layers, trial["compute_s"], x, trial["mode"]),
                     "verified": all(r["verified"] for r in mine)})
     if not all(r["verified"] for r in rows):
-        from pdlab.transfer.bench import VerificationError
+        from pdlab.transfer.measurement import VerificationError
 
         raise VerificationError(f"{transport}: a layer-wise transfer arrived corrupted")
     return {"transport": transport, "layers": layers, "layer_bytes": layer_bytes, "transfer_per_layer_s": x,

@@ -267,9 +267,9 @@ def store_benchmark(blocks: int = 64, block_bytes: int = 1 << 20, *, repeats: in
     Keys are :func:`prefix_block_keys` of a synthetic prompt of ``blocks × block_tokens`` tokens.
     Returns medians over ``repeats``: ``put_s``, ``get_s``, ``put_bytes_per_s``,
     ``get_bytes_per_s`` (decimal) plus min/max, and ``verified``. All three processes are stopped
-    before it returns or raises; a corrupted get raises :class:`pdlab.transfer.bench.VerificationError`.
+    before it returns or raises; a corrupted get raises :class:`pdlab.transfer.measurement.VerificationError`.
     """
-    from pdlab.transfer.bench import VerificationError
+    from pdlab.transfer.measurement import VerificationError
 
     ok, why = store_status()
     if not ok:
