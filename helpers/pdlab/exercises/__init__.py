@@ -59,8 +59,11 @@ def report(result: CheckResult) -> CheckResult:
     return result
 
 
-def record_expected(exercise: str, expected: Any) -> None:
-    """Append ``expected`` to the file named by ``PDLAB_EXPECTED_LOG`` (no-op when it is unset)."""
+def record_expected(exercise: str, expected: Any, kind: str = "value") -> None:
+    """Append ``expected`` to the file named by ``PDLAB_EXPECTED_LOG`` (no-op when it is unset).
+
+    ``kind`` is "value" for a computed answer and "choice" for an answer picked from options the
+    page lists on purpose (a row of a table): only values must stay off the page."""
     path = os.environ.get(EXPECTED_LOG_ENV)
     if not path:
         return
@@ -69,7 +72,7 @@ def record_expected(exercise: str, expected: Any) -> None:
     except (TypeError, ValueError):
         expected = repr(expected)
     with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"exercise": exercise, "expected": expected}) + "\n")
+        fh.write(json.dumps({"exercise": exercise, "expected": expected, "kind": kind}) + "\n")
 
 
 def check_close(exercise: str, value: Any, expected: float, *, rel_tol: float = 0.02,
@@ -90,11 +93,12 @@ def check_close(exercise: str, value: Any, expected: float, *, rel_tol: float = 
 
 
 def check_true(exercise: str, value: Any, ok: bool, *, good: str, bad: str,
-               expected: Any = None) -> CheckResult:
+               expected: Any = None, choice: bool = False) -> CheckResult:
     """Report a pass when ``ok`` holds (``value`` None = not attempted); ``expected`` (optional) is
-    the reference answer, recorded for the answer-not-on-the-page test."""
+    the reference answer, recorded for the answer-not-on-the-page test (``choice``: picked from
+    options the page lists, see :func:`record_expected`)."""
     if expected is not None:
-        record_expected(exercise, expected)
+        record_expected(exercise, expected, "choice" if choice else "value")
     if value is None:
         return report(CheckResult(exercise, NOT_ATTEMPTED, "set the answer variable and run the cell"))
     return report(CheckResult(exercise, PASSED if ok else FAILED, good if ok else bad))

@@ -41,6 +41,6 @@ def check_best_budget(value, table, ttft_slo_s: float) -> CheckResult:
         good = value is not None and not isinstance(value, bool) and int(value) == expected
     except (TypeError, ValueError):
         good = False
-    return check_true("Exercise 3", value, good, good=f"budget {value} tokens", expected=expected,
+    return check_true("Exercise 3", value, good, good=f"budget {value} tokens", expected=expected, choice=True,
                       bad=f"got {value}; filter rows with ttft_p99_s ≤ SLO, then take the lowest tpot_p99_s "
                           "(no row meets the SLO: take the lowest ttft_p99_s)")
