@@ -9,11 +9,13 @@ from pdlab.roofline.measure import DeviceProfile, LayerPoint, LayerShape
 __all__ = ["check_critical_decode_batch", "check_decode_step_70b_tp8_s", "check_predicted_prefill_s"]
 
 
-def check_critical_decode_batch(value) -> CheckResult:
-    """Exercise 1: smallest decode batch at which Llama-3-8B's weight matmuls turn compute-bound on
-    an H100 SXM in bf16. The napkin answer (the ridge point, ≈295) and the exact one (with the
-    activations' bytes, a little higher) both pass."""
-    expected = critical_decode_batch("llama-3-8b", "h100-sxm", dtype="bf16", linear_only=True)
+def check_critical_decode_batch(value, model: str = "llama-3-8b", gpu: str = "h100-sxm",
+                                dtype: str = "bf16") -> CheckResult:
+    """Exercise 1: smallest decode batch at which ``model``'s weight matmuls turn compute-bound on
+    ``gpu`` in ``dtype`` (the notebook passes its own GPU, one that is in none of its tables). The
+    napkin answer (the ridge point) and the exact one (with the activations' bytes, a little
+    higher) both pass."""
+    expected = critical_decode_batch(model, gpu, dtype=dtype, linear_only=True)
     return check_close("Exercise 1", value, expected, rel_tol=0.15, unit="sequences",
                        hint="A decode GEMM at batch B does 2·B FLOPs per 2-byte weight: AI ≈ B. "
                             "Compare with the ridge point peak/bandwidth.")
