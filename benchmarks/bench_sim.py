@@ -93,7 +93,7 @@ def profile_sim(mode: str = "colocated", top: int = 15) -> None:
 
 def bench_place(profile: str) -> dict:
     from pdlab.metrics import SLO
-    from pdlab.placement import SEARCH_PROFILES, place
+    from pdlab.sched.placement import SEARCH_PROFILES, place
 
     p = place("opt-66b", "a100-80gb", 4, 8, "sharegpt", SLO(ttft_s=2.5, tpot_s=0.15), settings=SEARCH_PROFILES[profile])
     d = p.as_dict(with_candidates=False)
@@ -103,7 +103,7 @@ def bench_place(profile: str) -> dict:
 
 
 def bench_queue(requests: int) -> dict:
-    from pdlab.queueing import avg_ttft_all, simulate_all
+    from pdlab.sched.queueing import avg_ttft_all, simulate_all
 
     t0 = time.perf_counter()
     sim = simulate_all(0.5, 1.0, 1.5, requests=requests)

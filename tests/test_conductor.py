@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pdlab.conductor import (
+from pdlab.sched.conductor import (
     Conductor,
     PrefillCostModel,
     compare_policies,

@@ -1,8 +1,8 @@
-"""pdlab.placement: binary search on rate, config enumeration, Alg. 1 and Alg. 2 on small cases."""
+"""pdlab.sched.placement: binary search on rate, config enumeration, Alg. 1 and Alg. 2 on small cases."""
 
 import pytest
 from pdlab.metrics import SLO
-from pdlab.placement import ParallelConfig, SearchSettings, enumerate_configs, max_rate, place
+from pdlab.sched.placement import ParallelConfig, SearchSettings, enumerate_configs, max_rate, place
 
 TINY = SearchSettings(requests=40, bisect_steps=3, min_duration_s=5.0, max_requests=120)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pdlab.hardware import get_gpu
-from pdlab.pools import (
+from pdlab.sched.pools import (
     PoolDesign,
     SplitwiseSLO,
     cheapest_design,

@@ -1,10 +1,10 @@
-"""pdlab.queueing: DistServe §3.1 closed forms and their check by simulation."""
+"""pdlab.sched.queueing: DistServe §3.1 closed forms and their check by simulation."""
 
 import math
 
 import pytest
 from pdlab.cli import main
-from pdlab.queueing import avg_ttft_all, avg_ttft_single, crossover_rate, simulate_avg_ttft
+from pdlab.sched.queueing import avg_ttft_all, avg_ttft_single, crossover_rate, simulate_avg_ttft
 
 
 def test_check_values_from_the_paper_formulas():

@@ -17,7 +17,7 @@ Definitions (the same as ``vllm bench serve``, ``vllm/benchmarks/serve.py::calcu
 - **SLO attainment** = the fraction of *all* requests (failed ones count as misses) that met every
   SLO. DistServe (OSDI'24, arXiv 2401.09670v3 §2) sets an attainment goal, e.g. 90%, and calls
   the highest request rate that reaches it the goodput; divided by the number of GPUs it is the
-  *per-GPU goodput*. That rate search lives in ``pdlab.placement``; here
+  *per-GPU goodput*. That rate search lives in ``pdlab.sched.placement``; here
   :func:`per_gpu_goodput_rps` divides a measured goodput by the GPU count.
 
 Times are seconds, on any clock, as long as one record's times share it.

@@ -126,7 +126,7 @@ def queueing_figure(rate: float = 0.5, service_s: float = 1.0, speedup: float = 
     """DistServe §3.1 average TTFT against arrival rate: one GPU, 2-way inter-op, 2-way intra-op."""
     import numpy as np
 
-    from pdlab.queueing import avg_ttft_inter_op, avg_ttft_intra_op, avg_ttft_single
+    from pdlab.sched.queueing import avg_ttft_inter_op, avg_ttft_intra_op, avg_ttft_single
 
     fig = go.Figure()
     curves = {

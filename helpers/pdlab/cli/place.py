@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pdlab.metrics import SLO
-    from pdlab.placement import SEARCH_PROFILES, place
+    from pdlab.sched.placement import SEARCH_PROFILES, place
 
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise CLIError("--nodes and --gpus-per-node must be >= 1")

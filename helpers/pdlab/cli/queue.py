@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdlab.queueing import avg_ttft_all, simulate_all
+    from pdlab.sched.queueing import avg_ttft_all, simulate_all
 
     if args.rate <= 0 or args.service_time <= 0:
         raise CLIError("--rate and --service-time must be positive")

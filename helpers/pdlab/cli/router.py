@@ -34,9 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_policies(args: argparse.Namespace) -> int:
-    from pdlab.router.policies import POLICIES
+    from pdlab.router.policies import ROUTING_POLICIES
 
-    rows = [{"policy": name, "about": (cls.__doc__ or "").strip().splitlines()[0]} for name, cls in POLICIES.items()]
+    rows = [{"policy": name, "about": (cls.__doc__ or "").strip().splitlines()[0]} for name, cls in ROUTING_POLICIES.items()]
     rows += [{"predictor": "constant", "about": "a fixed output length"},
              {"predictor": "history", "about": "mean output of recent similar requests (learned)"}]
     emit(rows, args.json, "\n".join(f"{r.get('policy') or r.get('predictor'):<18} {r['about']}" for r in rows))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdlab.exercises import CheckResult, check_close
-from pdlab.queueing import avg_ttft_inter_op, crossover_rate
+from pdlab.sched.queueing import avg_ttft_inter_op, crossover_rate
 
 __all__ = ["check_inter_op_ttft", "check_crossover", "check_2p1d_per_gpu"]
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pdlab.conductor import mooncake_cluster
 from pdlab.exercises import CheckResult, check_close
 from pdlab.hardware import get_gpu
 from pdlab.kvcache import cache_hit_ratio
 from pdlab.models import get_model
+from pdlab.sched.conductor import mooncake_cluster
 from pdlab.workloads import mooncake_trace_path, read_mooncake_jsonl
 
 __all__ = ["check_theoretical_hit_ratio", "check_reuse_bandwidth_gbs", "check_remote_prefix_ttft_s",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdlab.exercises import CheckResult, check_close
-from pdlab.pools import PoolDesign, reference_latencies
+from pdlab.sched.pools import PoolDesign, reference_latencies
 
 __all__ = ["check_ha_cost_per_hour", "check_ttft_p90_limit_s"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from pdlab.exercises import CheckResult, check_close
-from pdlab.pools import nexus_gpu
+from pdlab.sched.pools import nexus_gpu
 
 __all__ = ["check_balanced_per_gpu_goodput", "check_nexus_best_split"]
 

@@ -13,7 +13,7 @@ Import the submodules you need; nothing starts at import time.
 """
 
 from pdlab.router.policies import (
-    POLICIES,
+    ROUTING_POLICIES,
     TARGETS,
     AllColocated,
     AllDisaggregated,
@@ -32,7 +32,7 @@ from pdlab.router.policies import (
 )
 
 __all__ = [
-    "POLICIES", "TARGETS", "AllColocated", "AllDisaggregated", "ConstantPredictor", "Estimate",
+    "ROUTING_POLICIES", "TARGETS", "AllColocated", "AllDisaggregated", "ConstantPredictor", "Estimate",
     "HistoryPredictor", "LoadEstimator", "OutputPredictor", "RouteRequest", "RoutingPolicy", "SLOAware",
     "TargetLoad", "Threshold", "make_policy", "make_predictor",
 ]

@@ -47,7 +47,7 @@ __all__ = [
     "AllDisaggregated",
     "Threshold",
     "SLOAware",
-    "POLICIES",
+    "ROUTING_POLICIES",
     "make_policy",
 ]
 
@@ -317,7 +317,7 @@ class SLOAware(RoutingPolicy):
                 "headroom": self.headroom, "prefer": self.prefer}
 
 
-POLICIES: dict[str, type[RoutingPolicy]] = {
+ROUTING_POLICIES: dict[str, type[RoutingPolicy]] = {
     "all-colocated": AllColocated,
     "all-disaggregated": AllDisaggregated,
     "threshold": Threshold,
@@ -329,6 +329,6 @@ def make_policy(name: str | RoutingPolicy, **kwargs: Any) -> RoutingPolicy:
     """A policy from its name (keywords go to the class; ``slo-aware`` needs ``slo=SLO(...)``)."""
     if isinstance(name, RoutingPolicy):
         return name
-    if name not in POLICIES:
-        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(POLICIES)}")
-    return POLICIES[name](**kwargs)
+    if name not in ROUTING_POLICIES:
+        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(ROUTING_POLICIES)}")
+    return ROUTING_POLICIES[name](**kwargs)

@@ -279,12 +279,18 @@ DECISION_SCENARIOS: tuple[Scenario, ...] = (
 def mode_goodputs(scenario: Scenario, settings: Any = None, *, attainment: float = 0.9,
                   ratios: Sequence[tuple[int, int]] = ((1, 1), (3, 1), (1, 2))) -> dict[str, Any]:
     """Per-GPU goodput (req/s per GPU at ``attainment``) of colocated, chunked-prefill and disaggregated
-    serving for one scenario, with :mod:`pdlab.placement`'s rate search. Disaggregated takes the best
+    serving for one scenario, with :mod:`pdlab.sched.placement`'s rate search. Disaggregated takes the best
     prefill:decode instance ratio of ``ratios`` (instances of ``scenario.tp`` GPUs each)."""
     from dataclasses import replace
 
     from pdlab.metrics import SLO
-    from pdlab.placement import SEARCH_PROFILES, ParallelConfig, colocated_goodput, make_env, pair_goodput
+    from pdlab.sched.placement import (
+        SEARCH_PROFILES,
+        ParallelConfig,
+        colocated_goodput,
+        make_env,
+        pair_goodput,
+    )
 
     settings = settings or SEARCH_PROFILES["ci"]
     n = max(50, settings.requests)

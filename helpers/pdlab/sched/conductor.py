@@ -54,15 +54,15 @@ __all__ = [
     "DecodeCostModel",
     "Cluster",
     "mooncake_cluster",
-    "POLICIES",
+    "CONDUCTOR_POLICIES",
     "ADMISSIONS",
-    "Placement",
+    "PrefillChoice",
     "Conductor",
     "ConductorResult",
     "compare_policies",
 ]
 
-POLICIES = ("random", "load_balance", "local_cache_aware", "global_cache_aware")
+CONDUCTOR_POLICIES = ("random", "load_balance", "local_cache_aware", "global_cache_aware")
 ADMISSIONS = ("none", "slo", "early", "predicted")
 
 
@@ -161,7 +161,7 @@ def mooncake_cluster(n_prefill: int = 8, n_decode: int = 8, *, model: str = "lla
 
 
 @dataclass(frozen=True)
-class Placement:
+class PrefillChoice:
     """Where a request's prefill goes and what the Conductor estimated (seconds, tokens)."""
 
     instance: int
@@ -269,8 +269,8 @@ class Conductor:
     def __init__(self, cluster: Cluster, policy: str = "global_cache_aware", admission: str = "none", *,
                  seed: int = 0, sample_every_s: float = 10.0, decode_time_s: float | None = None,
                  prediction: str = "uniform") -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+        if policy not in CONDUCTOR_POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(CONDUCTOR_POLICIES)}")
         if admission not in ADMISSIONS:
             raise ValueError(f"unknown admission {admission!r}; known: {', '.join(ADMISSIONS)}")
         if cluster.n_prefill < 1 or cluster.n_decode < 1:
@@ -285,7 +285,7 @@ class Conductor:
         self._now = 0.0
 
     # -- the scheduling decision (Algorithm 1) ---------------------------------------------------
-    def place(self, req: HasPrefix, now: float) -> Placement:
+    def place(self, req: HasPrefix, now: float) -> PrefillChoice:
         """Choose the prefill instance for ``req`` arriving at ``now`` (FAST'25 Algorithm 1)."""
         c = self.cluster
         bt = c.block_tokens
@@ -293,11 +293,11 @@ class Conductor:
         local = [prefix_hit_tokens(cache.match(req.hash_ids), n, bt) for cache in self._caches]
         queue = [max(0.0, busy - now) for busy in self._busy_until]
 
-        def est(i: int, use_remote: bool, best: int) -> Placement:
+        def est(i: int, use_remote: bool, best: int) -> PrefillChoice:
             if use_remote and best > local[i] and (local[i] == 0 or best / local[i] > c.balancing_threshold):
                 tr = c.transfer_s(best - local[i])
-                return Placement(i, best, local[i], best - local[i], queue[i], tr, c.prefill.time_s(n - best, best))
-            return Placement(i, local[i], local[i], 0, queue[i], 0.0, c.prefill.time_s(n - local[i], local[i]))
+                return PrefillChoice(i, best, local[i], best - local[i], queue[i], tr, c.prefill.time_s(n - best, best))
+            return PrefillChoice(i, local[i], local[i], 0, queue[i], 0.0, c.prefill.time_s(n - local[i], local[i]))
 
         if self.policy == "random":
             return est(self.rng.randrange(c.n_prefill), False, 0)
@@ -453,7 +453,7 @@ class Conductor:
         return ConductorResult(self.policy, self.admission, c, ordered, samples)
 
 
-def compare_policies(requests: Sequence[Any], cluster: Cluster, policies: Sequence[str] = POLICIES, *,
+def compare_policies(requests: Sequence[Any], cluster: Cluster, policies: Sequence[str] = CONDUCTOR_POLICIES, *,
                      admission: str = "none", seed: int = 0) -> dict[str, ConductorResult]:
     """Run each policy on the same requests; ``{policy: result}``."""
     return {p: Conductor(cluster, p, admission, seed=seed).run(requests) for p in policies}
