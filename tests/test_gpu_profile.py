@@ -151,6 +151,41 @@ def test_loader_on_a_synthetic_profile(tmp_path):
         load_gpu_profile(tmp_path / "missing.json")
 
 
+def test_aiconfigurator_annotation(monkeypatch, tmp_path):
+    """--annotate adds AIConfigurator's step predictions (its estimator replaced by a stand-in here)."""
+    from dataclasses import asdict
+
+    import pdlab.aic_compare as aic
+    import pdlab.roofline.gpu_profile as gpm
+    from pdlab.models import get_model
+
+    calls = []
+
+    def fake_estimate(model, gpu, *, batch, isl, osl, tp, backend):
+        calls.append((model, gpu, batch, isl, osl, tp))
+        return {"ttft_ms": 10.0 * batch, "tpot_ms": 2.0, "backend_version": "test"}
+
+    monkeypatch.setattr(aic, "aic_estimate", fake_estimate)
+    monkeypatch.setattr(aic, "aic_available", lambda: True)
+    monkeypatch.setattr(gpm, "_aic_installed", lambda: True)
+    data = _synthetic("cuda", "NVIDIA H200", "2026-01-02T00:00:00Z")
+    data["steps"]["model"] = asdict(get_model("llama-3-8b"))
+    data["steps"]["points"].append({"phase": "prefill", "batch": 2, "tokens": 1024, "context": 1024, "time_s": 0.1})
+    path = tmp_path / "h200-gpu-profile.json"
+    path.write_text(json.dumps(data))
+    assert cli_main(["gpu-profile", "--annotate", str(path), "--json"]) == 0
+    gp = load_gpu_profile(path)
+    assert [p["aiconfigurator_s"] for p in gp.data["steps"]["points"]] == [0.002, 0.02]
+    assert calls == [("llama-3-8b", "h200", 1, 511, 2, 1), ("llama-3-8b", "h200", 2, 1024, 2, 1)]
+    assert gp.data["aiconfigurator"]["available"] is True
+    assert step_rows(gp)[1]["AIConfigurator (ms)"] == pytest.approx(20.0)
+    # a model AIConfigurator does not know is refused with the reason, and the file is left alone
+    data["steps"]["model"] = asdict(get_model("llama-3-8b")) | {"name": "tiny", "num_layers": 2}
+    path.write_text(json.dumps(data))
+    assert cli_main(["gpu-profile", "--annotate", str(path), "--json"]) == 1
+    assert json.loads(path.read_text()) == data
+
+
 def test_nnls_fallback_matches_scipy():
     from scipy.optimize import nnls
 

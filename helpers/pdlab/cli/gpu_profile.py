@@ -26,6 +26,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated parts to measure (default: roofline,handoff,steps)")
     p.add_argument("--name", help="file name stem (default: the catalog GPU key, e.g. h200, or cpu)")
     p.add_argument("--strict", action="store_true", help="stop at the first failing part (default: record it, go on)")
+    p.add_argument("--annotate", type=Path, metavar="FILE",
+                   help="measure nothing: add AIConfigurator's predictions to an existing *-gpu-profile.json "
+                        "(needs the optional 'aic' extra; runs on a CPU)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
 
 
@@ -39,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pdlab.roofline.gpu_profile import PARTS, handoff_rows, roofline_rows, run_gpu_profile, step_rows
 
+    if args.annotate:
+        return _annotate(args)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
@@ -68,6 +73,22 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"  wrote {', '.join(profile.data['files'].values())} in {profile.path.parent}")
     emit(profile.data, args.json, "\n".join(lines))
     return 1 if profile.data["errors"] else 0
+
+
+def _annotate(args: argparse.Namespace) -> int:
+    import json
+
+    from pdlab.roofline.gpu_profile import add_aiconfigurator, load_gpu_profile
+
+    profile = load_gpu_profile(args.annotate)
+    progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    status = add_aiconfigurator(profile, progress=progress)
+    if status.get("available"):
+        args.annotate.write_text(json.dumps(profile.data, indent=2) + "\n")
+    emit(status, args.json, f"{args.annotate}: AIConfigurator "
+         + (f"predictions added ({status['backend']}, {status['system']})" if status.get("available")
+            else f"not added: {status['reason']}"))
+    return 0 if status.get("available") else 1
 
 
 def main(argv: list[str] | None = None) -> int:

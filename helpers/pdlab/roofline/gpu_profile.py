@@ -19,7 +19,9 @@ and this package only:
    several batches and lengths, fitted to the simulator's latency profile
    (:func:`pdlab.sim.latency.fit_latency`, written with :func:`pdlab.sim.latency.save_profile`),
    with the analytic model's prediction of each point (:func:`pdlab.roofline.analytic.analyze`, on
-   the measured roof and on the datasheet) and AIConfigurator's where it is installed.
+   the measured roof and on the datasheet) and AIConfigurator's where it is installed and has the
+   GPU's database (:func:`add_aiconfigurator`; it runs on a CPU, so ``pdlab gpu-profile --annotate
+   FILE`` adds it later to a profile measured on a bare GPU image).
 
 Files written to ``out_dir`` (``<name>`` is the catalog GPU key, e.g. ``h200``, or ``cpu``):
 
@@ -55,6 +57,7 @@ __all__ = [
     "run_gpu_profile",
     "profile_plan",
     "save_gpu_profile",
+    "add_aiconfigurator",
     "load_gpu_profile",
     "find_gpu_profiles",
     "gpu_profile_command",
@@ -215,19 +218,63 @@ def _handoff(device: str, sizes: list[int], repeats: int, say: Callable[[str], N
     return {"sizes": sizes, "repeats": repeats, "results": rows, "skipped": skipped, "labels": labels}
 
 
-def _aiconfigurator_status() -> dict[str, Any]:
-    """Whether AIConfigurator is importable; its database is not queried by this version (see reason)."""
-    if importlib.util.find_spec("aiconfigurator") is None:
-        return {"available": False, "reason": "aiconfigurator is not installed (optional: pip install aiconfigurator)"}
-    try:
-        from importlib.metadata import version
+def _aic_installed() -> bool:
+    return importlib.util.find_spec("aiconfigurator") is not None
 
-        ver = version("aiconfigurator")
-    except Exception:  # noqa: BLE001 - any metadata problem only loses the version string
-        ver = "unknown"
-    return {"available": False, "version": ver,
-            "reason": f"aiconfigurator {ver} is installed, but its database API differs between versions and "
-                      "pdlab has no adapter for it yet; compare with `aiconfigurator cli` by hand"}
+
+def add_aiconfigurator(profile: GpuProfile, *, backend: str = "vllm",
+                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Fill in AIConfigurator's prediction of every step point (``aiconfigurator_s``) where it can.
+
+    Uses :func:`pdlab.aic_compare.aic_estimate` (static mode, NVIDIA's database of kernels measured
+    on that GPU): a prefill point ``(B, S)`` is the TTFT of ``B`` prompts of ``S`` tokens; a decode
+    point ``(B, C)`` the TPOT of ``B`` requests with ``C − 1`` prompt tokens and 2 output tokens (one
+    decode step at context ``C``). Only for the full Llama-3-8B on a GPU that AIConfigurator maps
+    (:data:`pdlab.aic_compare.AIC_SYSTEMS`); otherwise, or without the optional ``aic`` extra, the
+    reason is recorded. Runs on a CPU (about 5 s a point), so a profile measured on a bare GPU
+    image can be annotated later: ``pdlab gpu-profile --annotate FILE``. Returns ``data["aiconfigurator"]``.
+    """
+    say = progress or (lambda msg: None)
+    data = profile.data
+    steps = data.get("steps") or {}
+    model = (steps.get("model") or {})
+    gpu = data["device"].get("catalog_gpu")
+
+    def skip(reason: str) -> dict[str, Any]:
+        data["aiconfigurator"] = {"available": False, "reason": reason}
+        return data["aiconfigurator"]
+
+    if not _aic_installed():
+        return skip("aiconfigurator is not installed (optional extra: pip install -e '.[aic]')")
+    from pdlab.aic_compare import AIC_MODELS, AIC_SYSTEMS
+
+    if not steps.get("points"):
+        return skip("no step points to predict")
+    from pdlab.models import get_model
+
+    full = get_model("llama-3-8b")
+    if model.get("name") != full.name or model.get("num_layers") != full.num_layers or "llama-3-8b" not in AIC_MODELS:
+        return skip(f"AIConfigurator models whole catalog models; this profile timed {model.get('name')!r}")
+    if gpu not in AIC_SYSTEMS:
+        return skip(f"AIConfigurator has no database for {data['device'].get('name')!r} (maps {', '.join(AIC_SYSTEMS)})")
+    from pdlab.aic_compare import aic_available, aic_estimate
+
+    if not aic_available():
+        return skip("aiconfigurator is installed but does not import")
+    version = None
+    for p in steps["points"]:
+        if p["phase"] == "prefill":
+            r = aic_estimate("llama-3-8b", gpu, batch=p["batch"], isl=p["tokens"], osl=2, tp=1, backend=backend)
+            p["aiconfigurator_s"] = r["ttft_ms"] / 1e3
+        else:
+            r = aic_estimate("llama-3-8b", gpu, batch=p["batch"], isl=max(1, p["context"] - 1), osl=2, tp=1,
+                             backend=backend)
+            p["aiconfigurator_s"] = r["tpot_ms"] / 1e3
+        version = r.get("backend_version")
+        say(f"  AIConfigurator {p['phase']} B={p['batch']} C={p['context']}: {p['aiconfigurator_s'] * 1e3:.3f} ms")
+    data["aiconfigurator"] = {"available": True, "backend": f"{backend} {version}", "system": AIC_SYSTEMS[gpu],
+                              "mode": "static (prefill: TTFT; decode: TPOT with osl 2)"}
+    return data["aiconfigurator"]
 
 
 def _spec(catalog_gpu: str | None) -> dict[str, Any] | None:
@@ -260,7 +307,7 @@ def _predict(points: list[dict[str, Any]], model: Any, dtype: str, roof: Any, ca
             b = p["batch"]
             p["fitted_s"] = (fitted.prefill_time_s([p["tokens"]] * b) if p["phase"] == "prefill"
                              else fitted.decode_time_s([p["context"]] * b))
-        p["aiconfigurator_s"] = None
+        p.setdefault("aiconfigurator_s", None)
 
 
 def _measure(size: str, device: str, parts: Iterable[str], name: str | None, command: str | None,
@@ -289,7 +336,7 @@ def _measure(size: str, device: str, parts: Iterable[str], name: str | None, com
                    "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
                    "cpu_native_bf16": bool({"avx512_bf16", "amx_bf16"} & cpu_flags())},
         "spec": _spec(catalog_gpu), "roofline": None, "handoff": None, "steps": None,
-        "aiconfigurator": _aiconfigurator_status(), "errors": {}, "files": {},
+        "aiconfigurator": {"available": False, "reason": "not run"}, "errors": {}, "files": {},
     }
 
     def attempt(part: str, fn: Callable[[], Any]) -> Any:
@@ -327,6 +374,8 @@ def _measure(size: str, device: str, parts: Iterable[str], name: str | None, com
             data["steps"] = {"model": asdict(model), "dtype": dtype, "points": rows,
                              "fit": None if fitted is None else {"prefill": list(fitted.prefill),
                                                                  "decode": list(fitted.decode), **meta}}
+    if data["steps"] is not None:
+        attempt("aiconfigurator", lambda: add_aiconfigurator(GpuProfile(data), progress=say))
     data["seconds"] = time.perf_counter() - t0
     return data, fitted, roof
 
