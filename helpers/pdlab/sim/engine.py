@@ -265,14 +265,27 @@ class _Plan:
 
     def elapsed_all(self, k: int) -> np.ndarray:
         """Seconds for the first 1, 2, …, k steps (same arithmetic as :meth:`elapsed`)."""
-        j = np.arange(1, k + 1, dtype=float)
+        j, jj = _steps(k)
         m = self.m
-        head = _series(self.pa, self.pb, j) + self.c * j
+        head = self.pa * j + self.pb * jj + self.c * j
         if m >= k:
             return head
-        tail = _series(self.pa, self.pb, m) + (_series(self.qa, self.qb, j) - _series(self.qa, self.qb, m)) \
+        tail = _series(self.pa, self.pb, m) + (self.qa * j + self.qb * jj - _series(self.qa, self.qb, m)) \
             + self.c * j
         return np.where(j <= m, head, tail)
+
+
+_J = np.arange(1, _MAX_PLAN_STEPS + 1, dtype=float)
+_JJ = _J * (_J - 1) * 0.5
+
+
+def _steps(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Views of j = 1..k and j(j−1)/2 as floats (cached; :func:`_series` computes the same values)."""
+    global _J, _JJ
+    if k > len(_J):
+        _J = np.arange(1, k + 1, dtype=float)
+        _JJ = _J * (_J - 1) * 0.5
+    return _J[:k], _JJ[:k]
 
 
 class _Batch:
