@@ -140,8 +140,13 @@ def profile_plan(device: str, size: str) -> dict[str, Any]:
 # Measuring
 
 
-def _handoff(device: str, sizes: list[int], repeats: int, say: Callable[[str], None]) -> dict[str, Any]:
-    """Every hand-off path that exists here, verified; the others under ``skipped`` with the reason."""
+def _handoff(device: str, sizes: list[int], repeats: int, say: Callable[[str], None],
+             keep_going: bool = False, errors: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every hand-off path that exists here, verified; the others under ``skipped`` with the reason.
+
+    With ``keep_going`` a path that fails is listed under ``skipped`` (and in ``errors``) and the
+    next one is measured; otherwise the failure raises.
+    """
     import time as _time
 
     import numpy as np
@@ -161,6 +166,19 @@ def _handoff(device: str, sizes: list[int], repeats: int, say: Callable[[str], N
         for m in measurements:
             rows.append({"path": labels.get(m.transport, m.transport), "kind": m.transport, **m.as_dict(),
                          "verified_by": verified_by})
+
+    def guarded(kinds: list[str], fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            if not keep_going:
+                raise
+            why = f"failed: {type(exc).__name__}: {exc}"
+            for kind in kinds:
+                skipped[kind] = why
+            if errors is not None:
+                errors[f"handoff {'/'.join(kinds)}"] = why
+            say(f"hand-off {'/'.join(kinds)} FAILED: {why}")
 
     # host memcpy, one process: the reference every other path is read against
     say("hand-off: host memcpy ...")
@@ -192,7 +210,7 @@ def _handoff(device: str, sizes: list[int], repeats: int, say: Callable[[str], N
         from pdlab.transfer.bench import measure_transport
 
         say("hand-off: shared memory between two processes ...")
-        add(measure_transport("shm", sizes, repeats), "crc32")
+        guarded(["shm"], lambda: add(measure_transport("shm", sizes, repeats), "crc32"))
     else:
         skipped["shm"] = shm_why
     cuda_kinds = ["cuda-d2d", "cuda-h2d-pinned", "cuda-h2d-pageable", "cuda-d2h-pinned", "cuda-d2h-pageable",
@@ -210,16 +228,19 @@ def _handoff(device: str, sizes: list[int], repeats: int, say: Callable[[str], N
     from pdlab.transfer.cuda import cuda_copy_benchmark, cuda_ipc_benchmark
 
     say("hand-off: CUDA copies (d2d, h2d/d2h pinned and pageable) ...")
-    add(cuda_copy_benchmark(sizes, repeats), "byte compare with the source")
+    guarded(cuda_kinds[:5], lambda: add(cuda_copy_benchmark(sizes, repeats), "byte compare with the source"))
     if torch.cuda.device_count() < 2:
         skipped["cuda-p2p"] = f"one GPU visible ({torch.cuda.device_count()}); peer copies need two"
     say("hand-off: CUDA IPC between two processes ...")
-    add(cuda_ipc_benchmark(sizes, repeats), "crc32")
+    guarded(["cuda-ipc"], lambda: add(cuda_ipc_benchmark(sizes, repeats), "crc32"))
     return {"sizes": sizes, "repeats": repeats, "results": rows, "skipped": skipped, "labels": labels}
 
 
 def _aic_installed() -> bool:
-    return importlib.util.find_spec("aiconfigurator") is not None
+    try:
+        return importlib.util.find_spec("aiconfigurator") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def add_aiconfigurator(profile: GpuProfile, *, backend: str = "vllm",
@@ -355,8 +376,8 @@ def _measure(size: str, device: str, parts: Iterable[str], name: str | None, com
         roof = attempt("roofline", lambda: measure_device(device, plan["roofline"], progress=say))
         data["roofline"] = roof.as_dict() if roof is not None else None
     if "handoff" in parts:
-        data["handoff"] = attempt("handoff", lambda: _handoff(device, plan["handoff_sizes"],
-                                                              plan["handoff_repeats"], say))
+        data["handoff"] = attempt("handoff", lambda: _handoff(device, plan["handoff_sizes"], plan["handoff_repeats"],
+                                                              say, keep_going, data["errors"]))
     fitted = None
     if "steps" in parts:
         model, dtype = plan["model"], plan["dtype"]

@@ -103,22 +103,30 @@ def measure_steps(model: ModelConfig, device: str, *, prefill: Iterable[tuple[in
     warmup = 2 if device == "cuda" else 1
     out: list[StepPoint] = []
     plan = [("prefill", b, s) for b, s in prefill] + [("decode", b, c) for b, c in decode]
+    oom = getattr(torch, "OutOfMemoryError", RuntimeError)
     for phase, batch, length in plan:
         new = length if phase == "prefill" else 1
-        caches = net.caches(batch, length)
-        x = torch.randn(batch, new, model.hidden_size, device=device, generator=gen).to(net.dtype)
         start = 0 if phase == "prefill" else length - 1
+        try:
+            caches = net.caches(batch, length)
+            x = torch.randn(batch, new, model.hidden_size, device=device, generator=gen).to(net.dtype)
 
-        def run(x=x, caches=caches, start=start, causal=phase == "prefill"):
-            return net.forward(x, caches, start, causal)
+            def run(x=x, caches=caches, start=start, causal=phase == "prefill"):
+                return net.forward(x, caches, start, causal)
 
-        times = time_fn(run, device, warmup=warmup, repeats=repeats)
-        while sum(times) < min_seconds and len(times) < max_repeats:  # short steps: more tries at a quiet moment
-            times += time_fn(run, device, warmup=0, repeats=repeats)
+            times = time_fn(run, device, warmup=warmup, repeats=repeats)
+            while sum(times) < min_seconds and len(times) < max_repeats:  # short steps: more tries at a quiet moment
+                times += time_fn(run, device, warmup=0, repeats=repeats)
+        except oom:  # a point too large for this device is left out; the others still count
+            say(f"  {phase:<7} B={batch:<4} length {length}: out of memory, left out")
+            caches = x = run = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            continue
         out.append(StepPoint(phase, batch, new, length, min(times), statistics.median(times), len(times)))
         say(f"  {phase:<7} B={batch:<4} {'S' if phase == 'prefill' else 'C'}={length:<6} "
             f"{out[-1].time_s * 1e3:9.3f} ms")
-        del caches, x
+        caches = x = run = None
         if device == "cuda":
             torch.cuda.empty_cache()
     return out
