@@ -1,4 +1,4 @@
-"""Tests of pdlab.agentic: calibration, prefix structure, Mooncake export, text rendering, CLI."""
+"""Tests of pdlab.workloads.agentic: calibration, prefix structure, Mooncake export, text rendering, CLI."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import json
 
 import numpy as np
 import pytest
-from pdlab.agentic import (
+from pdlab.cli import main
+from pdlab.kvcache import chain_hashes
+from pdlab.workloads import read_mooncake_jsonl
+from pdlab.workloads.agentic import (
     MOONCAKE_TOOL_AGENT,
     AgenticConfig,
     LengthDist,
@@ -15,9 +18,6 @@ from pdlab.agentic import (
     generate_agentic,
     text_requests,
 )
-from pdlab.cli import main
-from pdlab.kvcache import chain_hashes
-from pdlab.workloads import read_mooncake_jsonl
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 
 import pytest
 from aiohttp import ClientSession, web
-from pdlab.agentic import generate_agentic
 from pdlab.metrics import SLO
 from pdlab.router.policies import (
     AllColocated,
@@ -26,6 +25,7 @@ from pdlab.router.policies import (
 from pdlab.router.server import RouterConfig, RouterServer, make_router_app
 from pdlab.sim.latency import ConstantLatency, FittedLatency
 from pdlab.workloads import Request, make_requests
+from pdlab.workloads.agentic import generate_agentic
 
 
 def test_baseline_and_threshold_decisions():

@@ -1,7 +1,7 @@
 """``pdlab workload agentic``: generate a multi-turn agentic tool-calling trace (Mooncake JSONL).
 
 Defaults are calibrated to Mooncake's tool & agent trace (≈ 8.6k input / 182 output tokens,
-≈ 59 % cache ratio; see ``pdlab.agentic``). ``--text`` adds real chat messages to every line
+≈ 59 % cache ratio; see ``pdlab.workloads.agentic``). ``--text`` adds real chat messages to every line
 (token counts measured with ``--tokenizer`` when given); the file stays a valid Mooncake trace,
 so ``pdlab trace stats FILE`` works on it either way.
 """
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_agentic(args: argparse.Namespace) -> int:
-    from pdlab.agentic import AgenticConfig, TextRenderer, generate_agentic, text_requests
+    from pdlab.workloads.agentic import AgenticConfig, TextRenderer, generate_agentic, text_requests
 
     if args.sessions < 1:
         raise CLIError(f"--sessions must be >= 1, got {args.sessions}")

@@ -100,7 +100,7 @@ async def run_open_loop(url: str, bodies: Sequence[dict[str, Any]], arrivals_s: 
 async def run_sessions(url: str, turns: Sequence[dict[str, Any]], *, model: str | None = None,
                        prefix_caching: bool = True, think_scale: float = 1.0, start_scale: float = 1.0,
                        timeout_s: float = 300.0) -> list[RequestRecord]:
-    """Replay agent sessions (dicts from :func:`pdlab.agentic.text_requests`), closed loop per session.
+    """Replay agent sessions (dicts from :func:`pdlab.workloads.agentic.text_requests`), closed loop per session.
 
     A session starts at its first turn's ``arrival_s`` × ``start_scale``; each later turn waits
     ``think_time_s`` × ``think_scale`` after the previous answer. Records are in ``turns`` order;

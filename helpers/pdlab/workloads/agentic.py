@@ -63,9 +63,7 @@ Units: tokens, seconds. Everything is deterministic for a given ``seed``.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -73,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from pdlab.kvcache import BLOCK_TOKENS
-from pdlab.workloads import Request
+from pdlab.workloads.traces import Request, write_mooncake_jsonl
 
 __all__ = [
     "LengthDist",
@@ -87,7 +85,6 @@ __all__ = [
     "TextRenderer",
     "chat_messages",
     "text_requests",
-    "write_mooncake_jsonl",
 ]
 
 #: The Mooncake FAST'25 tool & agent trace's published statistics (FACTS §2; Mooncake FAST'25
@@ -334,17 +331,6 @@ class AgenticWorkload:
             "request_rate_rps": n / (max(ts) - min(ts)) if n > 1 and max(ts) > min(ts) else float("nan"),
             "prefix_cache_hit_ratio": cache_hit_ratio(reqs, None, self.block_tokens).ratio,
         }
-
-
-def write_mooncake_jsonl(requests: Sequence[Request], path: str | Path) -> Path:
-    """Write requests as Mooncake JSONL (one object per line, timestamps in integer ms, sorted)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        for r in sorted(requests, key=lambda r: (r.arrival_s, r.request_id)):
-            fh.write(json.dumps({"timestamp": int(round(r.arrival_s * 1000)), "input_length": r.prompt_tokens,
-                                 "output_length": r.output_tokens, "hash_ids": list(r.hash_ids)}) + "\n")
-    return path
 
 
 def _zipf_weights(n: int, s: float) -> np.ndarray:
