@@ -15,34 +15,22 @@ Counters are cumulative: take a snapshot before and after a run and use the diff
 from __future__ import annotations
 
 import math
-import re
 import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = ["parse_prometheus", "scrape_metrics", "MetricsSnapshot", "KVTransferEvidence", "kv_transfer_evidence"]
 
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\d+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Parse the Prometheus text exposition format into ``(name, labels, value)`` samples."""
-    samples = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        labels = dict(_LABEL.findall(m.group(3) or ""))
-        try:
-            value = float(m.group(4))
-        except ValueError:
-            continue
-        samples.append((m.group(1), labels, value))
-    return samples
+    """Parse the Prometheus text exposition format into ``(name, labels, value)`` samples.
+
+    Uses ``prometheus_client``'s parser (a vLLM dependency): escapes in label values, ``NaN``/``+Inf``
+    and timestamps are handled as Prometheus defines them. A malformed line raises ValueError.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(sample.name, dict(sample.labels), float(sample.value))
+            for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
 @dataclass(frozen=True)

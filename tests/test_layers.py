@@ -1,0 +1,113 @@
+"""The layer rule of pdlab (docs/CONTRIBUTING.md): no module imports from a layer above its own.
+
+Every ``import pdlab...`` in every module counts, also the lazy ones inside functions: a lazy
+upward import is still a dependency on the layer above. The test reads the sources (``ast``) and
+runs nothing. A new module must be given a layer here (longest matching prefix wins).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "helpers" / "pdlab"
+
+#: Lowest first. Keys are module names or package prefixes; the longest matching key wins.
+LAYERS: dict[str, int] = {
+    # 0 — foundation: paths, catalog data (GPUs, links, models), plot style, process hygiene
+    "pdlab": 0, "pdlab.paths": 0, "pdlab.catalog": 0, "pdlab.hardware": 0, "pdlab.models": 0,
+    "pdlab.plots": 0,
+    "pdlab.serve.process": 0,  # the one process supervisor and free_port; transfer peers use it too
+    # 1 — workloads and metrics (what arrives, how it is scored; prefix-block hashing)
+    "pdlab.workloads": 1, "pdlab.metrics": 1, "pdlab.kvcache": 1,
+    # 2 — analysis: roofline, KV transfer (napkin and measured)
+    "pdlab.roofline": 2, "pdlab.transfer": 2,
+    # 3 — the one simulator engine
+    "pdlab.sim": 3,
+    # 4 — built on the simulator: schedulers (queueing check, placement, Conductor, pools), the
+    # router's simulation and policies, calibration fits, sim-vs-real statistics
+    "pdlab.sched": 4, "pdlab.router": 4, "pdlab.router.sim": 4, "pdlab.router.policies": 4,
+    "pdlab.calibrate": 5,  # still holds the live probes next to the pure fits (issue 15)
+    "pdlab.aic_compare": 4, "pdlab.validation": 4,
+    "pdlab.roofline.gpu_profile": 4, "pdlab.roofline.steps": 4,  # measure and fit sim latency: calibration
+    # 5 — live serving: engines, proxy, router server and client, bench client, streaming, model building
+    "pdlab.serve": 5, "pdlab.router.server": 5, "pdlab.router.client": 5,
+    "pdlab.bench": 5, "pdlab.streaming": 5, "pdlab.modelbuild": 5,
+    # 6 — course, widgets, exercises, cli
+    "pdlab.course": 6, "pdlab.router.report": 6, "pdlab.widgets": 6, "pdlab.exercises": 6, "pdlab.cli": 6,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> int:
+    best = max((k for k in LAYERS if module == k or module.startswith(k + ".")), key=len, default=None)
+    if best is None:
+        raise KeyError(f"{module} has no layer: add it to LAYERS in tests/test_layers.py")
+    return LAYERS[best]
+
+
+def pdlab_imports(path: Path) -> set[str]:
+    """Every pdlab module ``path`` imports (``from pdlab.x import y`` counts as ``pdlab.x.y`` when that
+    is a module, else ``pdlab.x``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "pdlab")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "pdlab":
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                is_module = (PKG.parent / Path(*sub.split("."))).with_suffix(".py").exists() or \
+                    (PKG.parent / Path(*sub.split(".")) / "__init__.py").exists()
+                out.add(sub if is_module else node.module)
+    return out
+
+
+def test_every_module_has_a_layer():
+    missing = []
+    for path in sorted(PKG.rglob("*.py")):
+        try:
+            layer_of(_module_name(path))
+        except KeyError as exc:
+            missing.append(str(exc))
+    assert not missing, "\n".join(missing)
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = []
+    for path in sorted(PKG.rglob("*.py")):
+        name = _module_name(path)
+        if name == "pdlab":
+            continue
+        mine = layer_of(name)
+        for dep in sorted(pdlab_imports(path)):
+            if dep == name or name.startswith(dep + "."):  # a package's own __init__
+                continue
+            if layer_of(dep) > mine:
+                upward.append(f"{name} (layer {mine}) imports {dep} (layer {layer_of(dep)})")
+    assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+def test_the_rule_catches_an_upward_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from pdlab.sim.engine import Simulator\n")
+    assert "pdlab.sim.engine" in pdlab_imports(bad)
+    assert layer_of("pdlab.sim.engine") > layer_of("pdlab.roofline.analytic")
+    with pytest.raises(KeyError, match="no layer"):
+        layer_of("elsewhere.module")
+
+
+@pytest.mark.parametrize("module", ["pdlab.roofline.analytic", "pdlab.roofline", "pdlab.sim", "pdlab.workloads"])
+def test_analysis_imports_no_plotting(module):
+    code = f"import sys, {module}; assert 'plotly' not in sys.modules, 'plotly imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
