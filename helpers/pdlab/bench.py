@@ -30,7 +30,7 @@ import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, summarize
 from pdlab.paths import build_dir
-from pdlab.streaming import run_sync, stream_request
+from pdlab.streaming import outcome_record, run_sync, stream_request
 from pdlab.workloads import Request, gamma_arrivals, make_requests, named_workload, with_rate
 
 __all__ = [
@@ -193,20 +193,10 @@ def _payload(endpoint: str, model: str, prompt: str, max_tokens: int, ignore_eos
 async def _one(session, url: str, body: dict[str, Any], req: Request, bar,
                request_timeout_s: float) -> RequestRecord:
     """Send one request (streamed); its record, with absolute ``perf_counter`` times."""
-    rec = RequestRecord(request_id=req.request_id, arrival_s=time.perf_counter(),
-                        prompt_tokens=req.prompt_tokens, output_tokens=0, ok=False)
-    rec.extra["target_output_tokens"] = req.output_tokens
+    sent = time.perf_counter()
     outcome = await stream_request(session, url, body, timeout_s=request_timeout_s)
-    rec.ok, rec.error = outcome.ok, outcome.error
-    token_times, usage = outcome.chunk_times, outcome.usage
-    if token_times:
-        rec.first_token_s = token_times[0]
-        rec.token_times_s = token_times
-        if rec.ok:
-            rec.finish_s = token_times[-1]
-    rec.output_tokens = int(usage.get("completion_tokens") or len(token_times))
-    if usage.get("prompt_tokens") is not None:
-        rec.extra["server_prompt_tokens"] = int(usage["prompt_tokens"])
+    rec = outcome_record(outcome, request_id=req.request_id, sent_s=sent, prompt_tokens=req.prompt_tokens,
+                         extra={"target_output_tokens": req.output_tokens})
     if bar is not None:
         bar.update(1)
     return rec

@@ -4,9 +4,10 @@
 ``stream_options.include_usage`` and notes the ``time.perf_counter()`` of every server-sent event
 that carries ``choices``: the timing rule of ``vllm bench serve`` (vLLM's
 ``benchmarks/lib/endpoint_request_func.py``), where a chunk counts even if its text is empty
-and a chunk holding several tokens counts once. :mod:`pdlab.bench` (open-loop benchmarks) and
-:mod:`pdlab.router.client` (router runs, agent sessions) turn the outcome into a
-:class:`pdlab.metrics.RequestRecord`. :func:`run_sync` runs either from plain code or Jupyter.
+and a chunk holding several tokens counts once. :func:`outcome_record` turns the outcome into a
+:class:`pdlab.metrics.RequestRecord` for both :mod:`pdlab.bench` (open-loop benchmarks) and
+:mod:`pdlab.router.client` (router runs, agent sessions). :func:`run_sync` runs either from plain
+code or Jupyter.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession
 
-__all__ = ["StreamOutcome", "stream_request", "request_path", "run_sync"]
+from pdlab.metrics import RequestRecord
+
+__all__ = ["StreamOutcome", "stream_request", "outcome_record", "request_path", "run_sync"]
 
 
 @dataclass
@@ -91,6 +94,37 @@ async def stream_request(session: ClientSession, url: str, body: dict[str, Any],
     except (RuntimeError, ValueError, OSError) as exc:
         out.error = str(exc) or type(exc).__name__
     return out
+
+
+def outcome_record(outcome: StreamOutcome, *, request_id: Any, sent_s: float, prompt_tokens: int = 0,
+                   clock0: float = 0.0, extra: dict[str, Any] | None = None) -> RequestRecord:
+    """The :class:`~pdlab.metrics.RequestRecord` of one streamed request, as ``vllm bench serve`` keeps it.
+
+    Times are ``perf_counter`` seconds minus ``clock0``; ``sent_s`` is when the request was sent
+    (its arrival). TTFT is the first chunk, the request ends at its last content chunk, and every
+    chunk is one token time. Output tokens come from the server's ``usage`` (the chunk count
+    without it). ``prompt_tokens`` is the client's count, as vLLM's ``prompt_len`` (the server's
+    ``usage`` count when none is given); the server's count is kept in ``extra["server_prompt_tokens"]``.
+    A failed request has ``ok=False``, its error, no ``finish_s``, and the chunk times seen until
+    it failed. The router's ``X-Route`` header goes to ``instance`` and ``extra["route"]``.
+    """
+    times = [t - clock0 for t in outcome.chunk_times]
+    usage = outcome.usage
+    rec = RequestRecord(request_id=request_id, arrival_s=sent_s - clock0, prompt_tokens=int(prompt_tokens),
+                        output_tokens=int(usage.get("completion_tokens") or len(times)), ok=outcome.ok,
+                        error=outcome.error or "", extra=dict(extra or {}))
+    if usage.get("prompt_tokens") is not None:
+        rec.extra["server_prompt_tokens"] = int(usage["prompt_tokens"])
+        if not prompt_tokens:
+            rec.prompt_tokens = int(usage["prompt_tokens"])
+    if times:
+        rec.first_token_s, rec.token_times_s = times[0], times
+        if rec.ok:
+            rec.finish_s = times[-1]
+    rec.instance = outcome.headers.get("X-Route", "")
+    if rec.instance:
+        rec.extra["route"] = rec.instance
+    return rec
 
 
 def run_sync(coro: Any) -> Any:

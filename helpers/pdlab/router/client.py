@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import ClientSession, ClientTimeout
 
 from pdlab.metrics import RequestRecord
-from pdlab.streaming import run_sync, stream_request
+from pdlab.streaming import outcome_record, run_sync, stream_request
 
 __all__ = ["send_streaming", "run_open_loop", "run_sessions", "chat_body", "run_sync"]
 
@@ -51,24 +51,13 @@ async def send_streaming(session: ClientSession, url: str, body: dict[str, Any],
                          ) -> RequestRecord:
     """POST ``body`` (chat if it has ``messages``, else completions) with streaming; return its record.
 
-    Times are ``time.perf_counter() - clock0``; chunks are timed by :func:`pdlab.streaming.stream_request`.
+    Times are ``time.perf_counter() - clock0``; the record is made by :func:`pdlab.streaming.outcome_record`.
     A failed request (non-200, broken connection, SSE ``error`` event) gives ``ok=False`` with the message.
     """
     sent = time.perf_counter()
     outcome = await stream_request(session, url, body)
-    rec = RequestRecord(request_id=request_id, arrival_s=sent - clock0, prompt_tokens=prompt_tokens,
-                        output_tokens=0, extra=dict(extra or {}))
-    rec.instance = outcome.headers.get("X-Route", "")
-    if rec.instance:
-        rec.extra["route"] = rec.instance
-    times = [t - clock0 for t in outcome.chunk_times]
-    if not outcome.ok:
-        rec.ok, rec.error = False, outcome.error
-        return rec
-    rec.first_token_s, rec.finish_s, rec.token_times_s = times[0], times[-1], times
-    rec.output_tokens = int(outcome.usage.get("completion_tokens") or len(times))
-    rec.prompt_tokens = int(outcome.usage.get("prompt_tokens") or prompt_tokens)
-    return rec
+    return outcome_record(outcome, request_id=request_id, sent_s=sent, prompt_tokens=prompt_tokens,
+                          clock0=clock0, extra=extra)
 
 
 def _session(timeout_s: float) -> ClientSession:
