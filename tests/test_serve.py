@@ -149,6 +149,11 @@ async def test_proxy_streams_decode_with_prefill_params_and_round_robins():
         assert resp.status == 200
         stats = await (await client.get("/proxy/stats")).json()
         assert stats["ok"] == 5 and stats["backend_errors"] == 0
+        timings = await (await client.get("/proxy/timings")).json()
+        assert len(timings) == 5
+        for t in timings:
+            assert t["prefill_leg_s"] > 0 and t["decode_first_s"] > 0 and t["own_s"] >= 0
+            assert t["ttft_s"] == pytest.approx(t["own_s"] + t["prefill_leg_s"] + t["decode_first_s"])
         health = await client.get("/health")
         assert health.status == 200
     finally:

@@ -34,6 +34,8 @@ __all__ = [
     "check_port_free",
     "free_port",
     "tail",
+    "parse_cpu_list",
+    "listening_sockets",
     "wait_http_ok",
 ]
 
@@ -87,6 +89,21 @@ def _pdeathsig() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def parse_cpu_list(spec: str) -> set[int]:
+    """CPU ids of a list such as ``"0"``, ``"0-1"`` or ``"0,2-3"`` (the ``taskset -c`` syntax)."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise ValueError(f"bad CPU list {spec!r}: use forms like 0, 0-1 or 0,2-3") from None
+    if not cpus:
+        raise ValueError(f"empty CPU list {spec!r}")
+    return cpus
 
 
 class ManagedProcess:
@@ -184,8 +201,11 @@ def _install_hooks() -> None:
 
 def spawn(name: str, argv: Sequence[str], log_path: str | Path, *, env: Mapping[str, str] | None = None,
           cwd: str | Path | None = None, stdin: int | None = subprocess.DEVNULL,
-          pass_fds: Sequence[int] = ()) -> ManagedProcess:
+          pass_fds: Sequence[int] = (), cpus: str | None = None) -> ManagedProcess:
     """Start ``argv`` in a new process group with stdout+stderr to ``log_path``; register it.
+
+    ``cpus`` (Linux, e.g. ``"0"`` or ``"0-1"``): the child and everything it starts run on those
+    cores only (affinity set between fork and exec, so its children inherit it).
 
     ``stdin``: ``subprocess.DEVNULL`` (default) or ``subprocess.PIPE`` (then write to
     ``proc.popen.stdin``; :meth:`ManagedProcess.stop` closes it). ``pass_fds``: file descriptors
@@ -196,12 +216,22 @@ def spawn(name: str, argv: Sequence[str], log_path: str | Path, *, env: Mapping[
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ)
     full_env.update(env or {})
+    linux = sys.platform.startswith("linux")
+    allowed = parse_cpu_list(cpus) if cpus and linux else None
+    if allowed is not None and not allowed <= os.sched_getaffinity(0):
+        raise ValueError(f"{name}: cores {cpus} are not all available here (have {sorted(os.sched_getaffinity(0))})")
+
+    def preexec() -> None:  # runs in the child between fork and exec
+        _pdeathsig()
+        if allowed is not None:
+            os.sched_setaffinity(0, allowed)
+
     with open(log_path, "w") as log:
         log.write(f"$ {' '.join(argv)}\n")
         log.flush()
         popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=stdin,
                                  env=full_env, cwd=cwd, start_new_session=True, pass_fds=tuple(pass_fds),
-                                 preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
+                                 preexec_fn=preexec if linux else None)
     proc = ManagedProcess(name, popen, log_path)
     with _LOCK:
         _REGISTRY[proc.pid] = proc
@@ -231,3 +261,30 @@ def wait_http_ok(proc: ManagedProcess, url: str, timeout_s: float, *, poll_s: fl
             raise ServerStartError(f"{proc.name} did not answer {url} within {timeout_s:.0f} s. "
                                    f"Log {proc.log_path}, last lines:\n{proc.log_tail()}")
         time.sleep(poll_s)
+
+
+def listening_sockets(root_pids: Sequence[int]) -> list[tuple[int, str, str, int]]:
+    """``(pid, process name, address, port)`` of every TCP/UDP socket listening (or bound, UDP)
+    in the process trees under ``root_pids`` (psutil; Linux needs no privileges for own processes)."""
+    import psutil
+
+    pids: set[int] = set()
+    for root in root_pids:
+        try:
+            proc = psutil.Process(root)
+            pids.update([proc.pid, *(c.pid for c in proc.children(recursive=True))])
+        except psutil.NoSuchProcess:
+            continue
+    out = []
+    for pid in sorted(pids):
+        try:
+            proc = psutil.Process(pid)
+            conns = proc.net_connections(kind="inet")
+            name = proc.name()
+        except psutil.NoSuchProcess:
+            continue
+        for c in conns:
+            listening = c.status == psutil.CONN_LISTEN or (c.type == 2 and not c.raddr)  # SOCK_DGRAM, unconnected
+            if listening and c.laddr:
+                out.append((pid, name, c.laddr.ip, c.laddr.port))
+    return out

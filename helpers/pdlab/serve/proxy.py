@@ -28,13 +28,14 @@ import json
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-__all__ = ["ProxyConfig", "make_app", "prefill_request", "decode_request", "validate_request", "read_request",
+__all__ = ["ProxyConfig", "ProxyTiming", "make_app", "prefill_request", "decode_request", "validate_request", "read_request",
            "attach_client_session", "client_session", "error_response", "health_response", "ENDPOINTS", "main"]
 
 log = logging.getLogger("pdlab.proxy")
@@ -53,6 +54,25 @@ class ProxyConfig:
     read_timeout_s: float = 60.0  # longest silence allowed between chunks from decode
     stats: dict[str, int] = field(default_factory=lambda: {"requests": 0, "ok": 0, "client_errors": 0,
                                                            "backend_errors": 0})
+    # Per-request timings of the last ``max_timings`` successful requests (GET /proxy/timings).
+    max_timings: int = 10_000
+    timings: deque[dict[str, Any]] = field(default_factory=deque)
+
+
+@dataclass(frozen=True)
+class ProxyTiming:
+    """Where one proxied request spent its time before its first byte left the proxy (seconds).
+
+    ``own_s``: the proxy's own work (parsing, building both requests); ``prefill_leg_s``: POST to
+    the prefill server until its whole answer arrived; ``decode_first_s``: POST to the decode
+    server until its first body chunk arrived; ``ttft_s``: request received → first chunk sent on.
+    """
+
+    request_id: str
+    own_s: float
+    prefill_leg_s: float
+    decode_first_s: float
+    ttft_s: float
 
 
 class BadRequest(ValueError):
@@ -172,6 +192,7 @@ def make_app(config: ProxyConfig) -> web.Application:
     attach_client_session(app, timeout)
 
     async def handle(request: web.Request) -> web.StreamResponse:
+        t_in = time.perf_counter()
         config.stats["requests"] += 1
         body = await read_request(request, config.stats)
         if isinstance(body, web.Response):
@@ -205,9 +226,11 @@ def make_app(config: ProxyConfig) -> web.Application:
         # 2. decode, streamed back as it arrives
         stream = bool(body.get("stream"))
         response: web.StreamResponse | None = None
+        decode_body = decode_request(body, kv_params)
+        t_decode = time.perf_counter()
+        first_chunk = True
         try:
-            async with session.post(d_url + request.path, json=decode_request(body, kv_params),
-                                    headers=headers) as resp:
+            async with session.post(d_url + request.path, json=decode_body, headers=headers) as resp:
                 if resp.status != 200:
                     payload = await resp.read()
                     config.stats["backend_errors"] += 1
@@ -219,6 +242,18 @@ def make_app(config: ProxyConfig) -> web.Application:
                     "X-Prefill-Url": p_url, "X-Decode-Url": d_url})
                 await response.prepare(request)
                 async for chunk in resp.content.iter_any():
+                    if first_chunk:
+                        first_chunk = False
+                        t_first = time.perf_counter()
+                        await response.write(chunk)
+                        decode_first_s = t_first - t_decode
+                        ttft_s = time.perf_counter() - t_in
+                        config.timings.append(asdict(ProxyTiming(
+                            request_id, own_s=ttft_s - prefill_s - decode_first_s, prefill_leg_s=prefill_s,
+                            decode_first_s=decode_first_s, ttft_s=ttft_s)))
+                        while len(config.timings) > config.max_timings:
+                            config.timings.popleft()
+                        continue
                     await response.write(chunk)
         except (ClientError, OSError, TimeoutError) as exc:
             config.stats["backend_errors"] += 1
@@ -253,11 +288,15 @@ def make_app(config: ProxyConfig) -> web.Application:
     async def stats(request: web.Request) -> web.Response:
         return web.json_response({**config.stats, "prefill": config.prefill_urls, "decode": config.decode_urls})
 
+    async def timings(request: web.Request) -> web.Response:
+        return web.json_response(list(config.timings))
+
     for path in ENDPOINTS:
         app.router.add_post(path, handle)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/proxy/stats", stats)
+    app.router.add_get("/proxy/timings", timings)
     return app
 
 

