@@ -78,3 +78,23 @@ def test_synthetic_and_named_workloads():
     assert named_workload("fixed-128-8", 5, 1.0)[0].output_tokens == 8
     with pytest.raises(ValueError, match="unknown workload"):
         named_workload("nope", 5, 1.0)
+
+
+def test_single_token_words_are_checked_by_encoding():
+    from pdlab.workloads.tokens import encode_ids, single_token_words
+
+    class Tok:  # "Ġthe" is one token; "Ġcats" is a vocabulary piece that encodes as two
+        vocab = {"Ġthe": 0, "Ġcats": 1, "ĠNo": 2, "Ġx": 3, "Ġdog": 4, "the": 5}
+
+        def get_vocab(self):
+            return self.vocab
+
+        def encode(self, text, add_special_tokens=False):
+            piece = "Ġ" + text.strip()
+            return [self.vocab[piece]] if piece in self.vocab and piece != "Ġcats" else [8, 9]
+
+    tok = Tok()
+    assert encode_ids(tok, " the") == [0]
+    assert single_token_words(tok) == ["the", "dog"]  # id order; not capitalised, not one letter, not two tokens
+    assert single_token_words(tok, max_words=1) == ["the"]
+    assert single_token_words(tok, extra=["dog", "zebra"]) == ["the", "dog"]  # extra is checked too

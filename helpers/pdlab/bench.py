@@ -32,6 +32,7 @@ from pdlab.metrics import SLO, RequestRecord, summarize
 from pdlab.paths import build_dir
 from pdlab.streaming import outcome_record, run_sync, stream_request
 from pdlab.workloads import Request, gamma_arrivals, make_requests, named_workload, with_rate
+from pdlab.workloads.tokens import single_token_words
 
 __all__ = [
     "PromptSynthesizer",
@@ -54,11 +55,9 @@ _ENDPOINTS = ("completions", "chat")
 class PromptSynthesizer:
     """Random prompts of an exact number of tokens for a given tokenizer.
 
-    Byte-level BPE tokenizers (GPT-2, Llama 3, SmolLM2 and the course's tiny model) split text at
-    spaces before merging, so a string of words that are each one token (``" the"``, ``" value"``)
-    has exactly one token per word. The synthesiser collects such words from the vocabulary,
-    draws ``n`` of them and verifies the count; other tokenizers fall back to trimming and
-    re-encoding until the count is exact.
+    A string of words that are each one token after a space (:func:`pdlab.workloads.tokens.single_token_words`)
+    has exactly one token per word: the synthesiser draws ``n`` of them and verifies the count;
+    where a tokenizer merges across words it trims and re-encodes until the count is exact.
     """
 
     def __init__(self, tokenizer_path: str | Path):
@@ -69,20 +68,9 @@ class PromptSynthesizer:
         if not file.exists():
             raise FileNotFoundError(f"no tokenizer.json at {file}: pass --tokenizer DIR (a model folder)")
         self.tokenizer = Tokenizer.from_file(str(file))
-        self.words = self._single_token_words()
+        self.words = [" " + w for w in single_token_words(self.tokenizer)]
         if len(self.words) < 50:
             raise ValueError(f"tokenizer {file} has too few single-token words ({len(self.words)})")
-
-    def _single_token_words(self) -> list[str]:
-        words = []
-        vocab = self.tokenizer.get_vocab()
-        for _token, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
-            text = self.tokenizer.decode([idx])
-            body = text[1:]
-            if len(text) >= 3 and text[0] == " " and body.isascii() and body.isalpha():
-                if self.tokenizer.encode(text, add_special_tokens=False).ids == [idx]:
-                    words.append(text)
-        return words
 
     def count(self, text: str) -> int:
         """Tokens in ``text`` (without special tokens)."""

@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 
 from pdlab.kvcache import BLOCK_TOKENS
+from pdlab.workloads.tokens import encode_ids, single_token_words
 from pdlab.workloads.traces import Request, write_mooncake_jsonl
 
 __all__ = [
@@ -424,33 +425,14 @@ class TextRenderer:
 
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         self.tokenizer = tokenizer
-        self.words = self._single_token_words(max_words) if tokenizer is not None else list(_WORDS)
+        self.words = (single_token_words(tokenizer, max_words=max_words, extra=_WORDS) if tokenizer is not None
+                      else list(_WORDS))
         if len(self.words) < 16:
             raise ValueError("the tokenizer has too few single-token words to render text")
         self._cache: dict[tuple[str, int], str] = {}
 
     def _encode(self, text: str) -> list[int]:
-        tok = self.tokenizer
-        try:
-            return list(tok.encode(text, add_special_tokens=False))
-        except TypeError:
-            enc = tok.encode(text)
-            return list(getattr(enc, "ids", enc))
-
-    def _single_token_words(self, max_words: int) -> list[str]:
-        vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
-        cands = []
-        for piece in sorted(vocab, key=lambda p: vocab[p]):
-            word = piece[1:] if piece.startswith(("Ġ", "▁")) else None
-            if word and word.isascii() and word.isalpha() and word.islower() and 2 <= len(word) <= 10:
-                cands.append(word)
-        words = []
-        for w in cands + list(_WORDS):
-            if w not in words and len(self._encode(" " + w)) == 1:
-                words.append(w)
-            if len(words) >= max_words:
-                break
-        return words
+        return encode_ids(self.tokenizer, text)
 
     def segment_text(self, seg: Segment) -> str:
         """Text of ``seg.tokens`` tokens (each word one token, led by a space), deterministic in ``seg.key``."""
