@@ -7,7 +7,9 @@ Pieces, each replaceable:
   decode_ctx_tokens)`` works;
 - instances and their batch schedulers (:mod:`pdlab.sim.engine`): colocated vLLM-style continuous
   batching, Sarathi-Serve chunked prefill, prefill-only and decode-only instances, KV memory limit
-  with preemption, TP and PP per instance, KV transfer over a link;
+  with preemption, TP and PP per instance, prefix caching, KV transfer over a link, and the
+  hand-off physics of a live engine (decode-side KV reservation, fair link sharing, per-transfer
+  setup cost, roles sharing CPU cores);
 - dispatch policies (:mod:`pdlab.sim.dispatch`): round robin, shortest queue, least loaded;
 - sources (:mod:`pdlab.sim.sources`): traces and synthetic Poisson / gamma arrivals;
 - :func:`simulate` / :func:`build_simulator` (:mod:`pdlab.sim.cluster`) for the common set-ups.
@@ -25,7 +27,7 @@ from pdlab.sim.dispatch import (
     ShortestQueue,
     make_dispatch,
 )
-from pdlab.sim.engine import InstanceSpec, KVLink, SimResult, Simulator
+from pdlab.sim.engine import HANDOFF_RESERVATIONS, LINK_SHARING, InstanceSpec, KVLink, SimResult, Simulator
 from pdlab.sim.latency import (
     ConstantLatency,
     FittedLatency,
@@ -43,7 +45,7 @@ from pdlab.sim.sources import GammaSource, ListSource, PoissonSource, Source, Tr
 __all__ = [
     "MODES", "build_simulator", "simulate",
     "DispatchPolicy", "RoundRobin", "ShortestQueue", "LeastLoaded", "DISPATCH_POLICIES", "make_dispatch",
-    "InstanceSpec", "KVLink", "SimResult", "Simulator",
+    "InstanceSpec", "KVLink", "SimResult", "Simulator", "HANDOFF_RESERVATIONS", "LINK_SHARING",
     "LatencyModel", "RooflineLatency", "FittedLatency", "ConstantLatency", "roofline_latency", "fit_latency",
     "sample_points", "load_profile", "save_profile", "kv_capacity_tokens",
     "Source", "TraceSource", "PoissonSource", "GammaSource", "ListSource",
