@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["ProcessCPU", "ThreadCPU", "tree_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu"]
+__all__ = ["CPUMeter", "ProcessCPU", "ThreadCPU", "tree_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu",
+           "nixl_agent_idle_cpu"]
 
 
 @dataclass(frozen=True)
@@ -64,29 +65,51 @@ def tree_cpu_seconds(pid: int) -> dict[int, float]:
     return out
 
 
+class CPUMeter:
+    """CPU of labelled process trees between ``__enter__`` and ``__exit__`` (``rows`` afterwards).
+
+    ``with CPUMeter({"decode": pid}) as meter: run_bench(...)`` → ``meter.rows``: the cost of the
+    run, per tree or (``per_process``) per process labelled ``"<label>/<process name>"``. A
+    process that starts or ends inside the window counts from or until then.
+    """
+
+    def __init__(self, roots: Mapping[str, int], *, per_process: bool = False):
+        self.roots = dict(roots)
+        self.per_process = per_process
+        self.rows: list[ProcessCPU] = []
+        self._before: dict[str, dict[int, float]] = {}
+        self._t0 = 0.0
+
+    def __enter__(self) -> CPUMeter:
+        self._before = {label: tree_cpu_seconds(pid) for label, pid in self.roots.items()}
+        self._t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        after = {label: tree_cpu_seconds(pid) for label, pid in self.roots.items()}
+        elapsed = time.monotonic() - self._t0
+        rows = []
+        for label, pid in self.roots.items():
+            before = self._before[label]
+            if self.per_process:
+                rows += [ProcessCPU(f"{label}/{_name(p)}", p, max(cpu - before.get(p, 0.0), 0.0), elapsed, 1)
+                         for p, cpu in after[label].items()]
+            else:
+                used = sum(cpu - before.get(p, 0.0) for p, cpu in after[label].items())
+                rows.append(ProcessCPU(label, pid, max(used, 0.0), elapsed, len(after[label])))
+        self.rows = rows
+
+
 def measure_cpu(roots: Mapping[str, int], window_s: float = 10.0, *, per_process: bool = False) -> list[ProcessCPU]:
     """CPU of each labelled process tree over the next ``window_s`` seconds (blocks that long).
 
-    A process that starts or ends inside the window counts from or until then (its CPU before
-    the window is not charged to it). ``per_process``: one row per process of each tree,
-    labelled ``"<label>/<process name>"``, instead of one row per tree.
+    ``per_process``: one row per process of each tree instead of one per tree (see :class:`CPUMeter`).
     """
     if window_s <= 0:
         raise ValueError(f"window_s must be > 0, got {window_s}")
-    before = {label: tree_cpu_seconds(pid) for label, pid in roots.items()}
-    t0 = time.monotonic()
-    time.sleep(window_s)
-    after = {label: tree_cpu_seconds(pid) for label, pid in roots.items()}
-    elapsed = time.monotonic() - t0
-    rows = []
-    for label, pid in roots.items():
-        if per_process:
-            for p, cpu in after[label].items():
-                rows.append(ProcessCPU(f"{label}/{_name(p)}", p, max(cpu - before[label].get(p, 0.0), 0.0), elapsed, 1))
-            continue
-        used = sum(cpu - before[label].get(p, 0.0) for p, cpu in after[label].items())
-        rows.append(ProcessCPU(label, pid, max(used, 0.0), elapsed, len(after[label])))
-    return rows
+    with CPUMeter(roots, per_process=per_process) as meter:
+        time.sleep(window_s)
+    return meter.rows
 
 
 def _name(pid: int) -> str:
@@ -130,3 +153,41 @@ def format_cpu(rows: list[ProcessCPU], title: str = "CPU") -> str:
     lines = [f"{title} (fraction of one core over {rows[0].window_s:.1f} s)" if rows else title]
     lines += [f"  {r.label:<24} {r.processes:>3} procs  {r.cores:6.3f} cores" for r in rows]
     return "\n".join(lines)
+
+
+_AGENT_PROBE = r"""
+import os, sys, time
+delay = int(sys.argv[1]); window = float(sys.argv[2])
+if delay < 0:
+    from nixl._api import nixl_agent
+else:
+    from pdlab.serve.nixl_connector import PacedNixlAgent as nixl_agent
+    nixl_agent.progress_delay_us = delay
+from nixl._api import nixl_agent_config
+agent = nixl_agent("idle-probe", nixl_agent_config(num_threads=4, capture_telemetry=True))  # as vLLM 0.32 builds it
+time.sleep(0.5)
+c0, w0 = time.process_time(), time.monotonic()
+time.sleep(window)
+print("CORES", (time.process_time() - c0) / (time.monotonic() - w0), flush=True)
+os._exit(0)  # a process that made a UCX agent crashes at interpreter exit
+"""
+
+
+def nixl_agent_idle_cpu(progress_delay_us: int | None, window_s: float = 3.0, timeout_s: float = 180.0) -> float:
+    """CPU (fraction of one core) of a bare, idle NIXL agent configured as vLLM's worker makes it.
+
+    ``None``: NIXL's stock agent (progress thread never sleeps); a number: the
+    :class:`pdlab.serve.nixl_connector.PacedNixlAgent` the course's CPU servers use. Runs in a
+    subprocess (NIXL with UCX must not outlive its interpreter). Raises RuntimeError naming the
+    problem if NIXL (or vLLM, for the paced agent) is missing.
+    """
+    import subprocess
+    import sys
+
+    delay = -1 if progress_delay_us is None else int(progress_delay_us)
+    out = subprocess.run([sys.executable, "-c", _AGENT_PROBE, str(delay), str(window_s)],
+                         capture_output=True, text=True, timeout=timeout_s)
+    for line in out.stdout.splitlines():
+        if line.startswith("CORES "):
+            return float(line.split()[1])
+    raise RuntimeError(f"NIXL agent probe failed (exit {out.returncode}): {out.stderr.strip()[-500:]}")

@@ -47,7 +47,7 @@ from pdlab.serve.evidence import MetricsSnapshot, scrape_metrics
 
 __all__ = ["DISAGG_PARTS", "COLOCATED_PARTS", "TTFTBreakdown", "EngineTimes", "engine_times",
            "disaggregated_breakdown", "colocated_breakdown", "mean_breakdown", "probe_breakdowns",
-           "proxy_timings", "streamed_ttft"]
+           "proxy_timings", "streamed_ttft", "BreakdownWindow"]
 
 DISAGG_PARTS = ("proxy", "prefill front end", "prefill queue", "prefill compute", "decode front end",
                 "decode queue", "KV transfer", "decode first step")
@@ -190,6 +190,40 @@ def _merge(rows: Sequence[EngineTimes]) -> EngineTimes:
     return EngineTimes(n, kv_transfers=sum(r.kv_transfers for r in rows), **vals)
 
 
+class BreakdownWindow:
+    """Engine and proxy timings of a deployment between ``__enter__`` and ``__exit__``.
+
+    ``with BreakdownWindow(dep) as w: result = run_bench(dep.url, ...)`` then
+    ``w.breakdown([r.ttft_s for r in result.records if r.ok])``: the mean TTFT parts of that run.
+    """
+
+    def __init__(self, deployment, tolerance: float = 0.10):
+        self.deployment = deployment
+        self.tolerance = tolerance
+        self.before: dict[str, MetricsSnapshot] = {}
+        self.after: dict[str, MetricsSnapshot] = {}
+        self.proxy_rows: list[dict[str, float]] = []
+        self._seen = 0
+
+    def _proxied(self) -> bool:
+        return self.deployment.proxy_port is not None
+
+    def __enter__(self) -> BreakdownWindow:
+        self.before = {s.url: scrape_metrics(s.url) for s in self.deployment.servers}
+        self._seen = len(proxy_timings(self.deployment.url)) if self._proxied() else 0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            return
+        self.after = {s.url: scrape_metrics(s.url) for s in self.deployment.servers}
+        self.proxy_rows = proxy_timings(self.deployment.url)[self._seen:] if self._proxied() else []
+
+    def breakdown(self, client_ttfts_s: Sequence[float]) -> TTFTBreakdown:
+        return mean_breakdown(self.deployment, self.before, self.after, client_ttfts_s, self.proxy_rows,
+                              self.tolerance)
+
+
 def probe_breakdowns(deployment, send: Callable[[int], float], n: int = 5,
                      tolerance: float = 0.10, settle_s: float = 0.3) -> list[TTFTBreakdown]:
     """Per-request breakdowns: ``send(i)`` sends request ``i`` alone and returns its client TTFT (s).
@@ -199,13 +233,10 @@ def probe_breakdowns(deployment, send: Callable[[int], float], n: int = 5,
     """
     out = []
     for i in range(n):
-        before = {s.url: scrape_metrics(s.url) for s in deployment.servers}
-        seen = len(proxy_timings(deployment.url)) if deployment.proxy_port is not None else 0
-        ttft = send(i)
-        time.sleep(settle_s)
-        after = {s.url: scrape_metrics(s.url) for s in deployment.servers}
-        rows = proxy_timings(deployment.url)[seen:] if deployment.proxy_port is not None else []
-        out.append(mean_breakdown(deployment, before, after, [ttft], rows, tolerance))
+        with BreakdownWindow(deployment, tolerance) as window:
+            ttft = send(i)
+            time.sleep(settle_s)
+        out.append(window.breakdown([ttft]))
     return out
 
 

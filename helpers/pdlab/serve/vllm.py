@@ -202,6 +202,11 @@ class VLLMServerSpec:
         if self.role != "colocated" and self.connector == "nixl":
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_channel_port or 5600)
+            if device == "cpu":
+                # Both roles live on this host: UCX's TCP transport listens on loopback only (it
+                # otherwise opens a listener per UCX worker on every interface); shared memory
+                # transports are unaffected. On GPU hosts UCX keeps its NICs (RDMA).
+                env["UCX_NET_DEVICES"] = "lo"
         env.update(self.extra_env)
         return env
 
