@@ -23,11 +23,15 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from typing import NoReturn
 
-__all__ = ["main"]
+__all__ = ["main", "Reporter", "run_reporting"]
 
 
-class _Reporter:
+class Reporter:
+    """Writes one JSON object a line to the report pipe: ``report(type="...", **fields)``."""
+
     def __init__(self, fd: int):
         self.fd = fd
 
@@ -36,6 +40,26 @@ class _Reporter:
         while data:
             n = os.write(self.fd, data)
             data = data[n:]
+
+
+def run_reporting(report_fd: int, body: Callable[[Reporter], None]) -> NoReturn:
+    """Run a peer's ``body(report)``, then report ``done`` — or ``error`` with the traceback — and exit
+    the process (status 0 or 1) without running interpreter clean-up that could hang."""
+    report = Reporter(report_fd)
+    code = 0
+    try:
+        body(report)
+        report(type="done")
+    except BaseException as exc:  # report everything, then leave
+        code = 1
+        try:
+            report(type="error", message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        except OSError:
+            pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _layout(trial: dict):
@@ -139,23 +163,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-fd", type=int, required=True)
     parser.add_argument("--corrupt", action="store_true", help="receiver flips one byte (tests verification)")
     args = parser.parse_args(argv)
-    report = _Reporter(args.report_fd)
-    code = 0
-    try:
+
+    def body(report: Reporter) -> None:
         report(type="hello", pid=os.getpid(), role=args.role, transport=args.transport)
         plan = json.loads(sys.stdin.readline())
         (_run_receiver if args.role == "recv" else _run_sender)(args, plan, report)
-        report(type="done")
-    except BaseException as exc:  # report everything, then leave
-        code = 1
-        try:
-            report(type="error", message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-        except OSError:
-            pass
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+
+    run_reporting(args.report_fd, body)
 
 
 if __name__ == "__main__":

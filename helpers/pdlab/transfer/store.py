@@ -206,7 +206,7 @@ def prefix_block_keys(token_ids: Sequence[int], block_tokens: int = 256, namespa
 def _client_main(argv: list[str] | None = None) -> None:
     """A store client process (``python -m pdlab.transfer.store``): writer puts, reader gets."""
     from pdlab.transfer.kvbuffer import checksum, make_payload
-    from pdlab.transfer.peer import _Reporter
+    from pdlab.transfer.peer import Reporter, run_reporting
 
     p = argparse.ArgumentParser()
     p.add_argument("--role", choices=["writer", "reader"], required=True)
@@ -214,8 +214,8 @@ def _client_main(argv: list[str] | None = None) -> None:
     p.add_argument("--report-fd", type=int, required=True)
     p.add_argument("--corrupt", action="store_true")
     args = p.parse_args(argv)
-    report, code = _Reporter(args.report_fd), 0
-    try:
+
+    def body(report: Reporter) -> None:
         plan = json.loads(sys.stdin.readline())
         n, bb = plan["blocks"], plan["block_bytes"]
         total = n * bb
@@ -241,17 +241,8 @@ def _client_main(argv: list[str] | None = None) -> None:
                     if args.corrupt:
                         buf[0] ^= 0xFF
                     report(type="get", seconds=dt, crc=checksum(buf))
-        report(type="done")
-    except BaseException as exc:
-        code = 1
-        try:
-            report(type="error", message=f"{type(exc).__name__}: {exc}")
-        except OSError:
-            pass
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+
+    run_reporting(args.report_fd, body)
 
 
 def _store_client_process(role: str, master: str, corrupt: bool = False) -> ReportingProcess:
