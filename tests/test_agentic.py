@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -59,9 +62,15 @@ def test_hash_ids_are_the_chain_of_the_actual_blocks():
         assert list(ids) == ref
 
 
-def test_deterministic_and_seed_sensitive():
-    a, b = generate_agentic(seed=5, sessions=20), generate_agentic(seed=5, sessions=20)
-    assert a.requests() == b.requests()
+def test_deterministic_across_processes_and_seed_sensitive():
+    # another interpreter with another str-hash seed must give the same sessions (no hash(), no set order)
+    code = ("from pdlab.workloads.agentic import generate_agentic; "
+            "print([(r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids) "
+            "for r in generate_agentic(seed=5, sessions=20).requests()])")
+    outs = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": h}, check=True,
+                           capture_output=True, text=True).stdout for h in ("1", "2")}
+    a = generate_agentic(seed=5, sessions=20)
+    assert outs == {str([(r.arrival_s, r.prompt_tokens, r.output_tokens, r.hash_ids) for r in a.requests()]) + "\n"}
     assert generate_agentic(seed=6, sessions=20).requests() != a.requests()
     assert len({r.request_id for r in agentic_requests(10, 1.0, seed=2)}) == len(agentic_requests(10, 1.0, seed=2))
 

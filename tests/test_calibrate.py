@@ -25,7 +25,7 @@ from pdlab.calibrate import (
 )
 from pdlab.metrics import SLO, RequestRecord
 from pdlab.sim.latency import FittedLatency, load_profile, sample_points
-from pdlab.workloads import Request, make_requests
+from pdlab.workloads import make_requests
 
 TRUE = FittedLatency((0.004, 2.0e-5, 3.0e-9), (0.003, 1.0e-7, 2.0e-4))
 
@@ -244,10 +244,6 @@ def test_error_table_orders_columns():
     assert (df["ttft_p50_err"] == 0).all()
     with pytest.raises(ValueError, match="no comparison rows"):
         error_table([])
-
-
-def test_request_type_round_trip():
-    assert Request(0, 0.0, 1, 1).output_tokens == 1
 
 
 # ------------------------------------------------------------------ lab 05 checks

@@ -40,7 +40,9 @@ def test_explorer_headless_returns_a_static_figure(monkeypatch):
     import plotly.graph_objects as go
 
     monkeypatch.setenv("PDLAB_HEADLESS", "1")
-    assert isinstance(kv_explorer(), go.Figure)
+    fig = kv_explorer(tokens=10_000)
+    assert isinstance(fig, go.Figure) and fig.data and len(fig.data[0].y) > 0
+    assert fig.layout.title.text and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
 
 
 def test_explorer_live_updates_its_figure_when_a_control_changes(monkeypatch):
