@@ -1,0 +1,107 @@
+"""pdlab.serve.sglang (command lines, status, the xPyD description) and pdlab.serve.standin (the wire)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+from pdlab.serve.sglang import SGLangPD, gpu_commands, router_argv, sglang_server_argv, sglang_status
+from pdlab.serve.standin import make_standin_app, read_wire_log
+from pdlab.streaming import outcome_record, stream_request
+
+
+def test_server_argv_per_mode_and_errors():
+    pre = sglang_server_argv("m", "prefill", 31001, bootstrap_port=9000, gpu_id=2, ib_device="mlx5_0", python="py")
+    assert pre[:3] == ["py", "-m", "sglang.launch_server"]
+    assert pre[pre.index("--disaggregation-mode") + 1] == "prefill"
+    assert pre[pre.index("--disaggregation-bootstrap-port") + 1] == "9000"
+    assert pre[pre.index("--base-gpu-id") + 1] == "2" and pre[pre.index("--disaggregation-ib-device") + 1] == "mlx5_0"
+    dec = sglang_server_argv("m", "decode", 31002, extra=["--tp", "2"])
+    assert "--disaggregation-bootstrap-port" not in dec and dec[-2:] == ["--tp", "2"] and dec[0] == sys.executable
+    with pytest.raises(ValueError, match="prefill or decode"):
+        sglang_server_argv("m", "both", 1)
+    with pytest.raises(ValueError, match="transfer backend"):
+        sglang_server_argv("m", "decode", 1, transfer_backend="rdma")
+
+
+def test_router_argv_pairs_prefill_urls_with_bootstrap_ports():
+    argv = router_argv(30000, [("http://a", 8998), ("http://b", None)], ["http://c"], prometheus_port=29000)
+    assert "--pd-disaggregation" in argv
+    i = argv.index("--prefill")
+    assert argv[i:i + 5] == ["--prefill", "http://a", "8998", "--prefill", "http://b"]
+    assert argv[argv.index("--decode") + 1] == "http://c" and argv[argv.index("--prometheus-port") + 1] == "29000"
+
+
+def test_gpu_commands_are_copyable_shell_lines():
+    lines = gpu_commands("org/model", prefill_port=1, decode_port=2, router_port=3)
+    assert len(lines) == 4 and lines[0].startswith("python -m sglang.launch_server --model-path org/model")
+    assert "--base-gpu-id 1" in lines[1] and "--prefill http://127.0.0.1:1 8998" in lines[2]
+    assert lines[3].startswith("pdlab bench --url http://127.0.0.1:3")
+
+
+def test_status_is_a_reason_not_an_exception():
+    ok, why = sglang_status()
+    assert isinstance(ok, bool) and why
+    if not ok:
+        assert "sglang" in why.lower() or "gpu" in why.lower()
+
+
+def test_xpyd_description_of_stand_ins_and_real_workers(tmp_path):
+    pd = SGLangPD(n_prefill=2, n_decode=1, prefill_port=41001, decode_port=41101, log_dir=tmp_path)
+    assert pd.stand_in and pd.prefill_urls() == ["http://127.0.0.1:41001", "http://127.0.0.1:41002"]
+    argv = pd._worker_argv("prefill", 1)
+    assert argv[1:3] == ["-m", "pdlab.serve.standin"] and argv[argv.index("--bootstrap-port") + 1] == "8999"
+    assert argv[argv.index("--wire-log") + 1] == str(tmp_path / "wire-prefill-1.jsonl")
+    real = SGLangPD(model="org/m", n_prefill=1, n_decode=2, log_dir=tmp_path)
+    dec = real._worker_argv("decode", 1)
+    assert dec[dec.index("--base-gpu-id") + 1] == "2" and dec[dec.index("--port") + 1] == "31102"
+
+
+def _serve(role: str, wire, requests):
+    async def go():
+        app = make_standin_app(role, wire, token_interval_s=0.001, prefill_delay_s=0.001, bootstrap_port=8998)
+        async with TestServer(app) as server, ClientSession() as session:
+            return [await requests(session, str(server.make_url("")).rstrip("/"))]
+
+    return asyncio.run(go())[0]
+
+
+def test_standin_decode_streams_exactly_max_tokens_and_logs_the_wire(tmp_path):
+    wire = tmp_path / "d.jsonl"
+    body = {"prompt": "hi", "max_tokens": 5, "bootstrap_room": 7, "bootstrap_host": "127.0.0.1"}
+
+    async def run(session, url):
+        async with session.get(url + "/server_info") as resp:
+            info = await resp.json()
+        return info, await stream_request(session, url, body)
+
+    info, out = _serve("decode", wire, run)
+    assert info["disaggregation_mode"] == "decode" and info["stand-in"] is True
+    rec = outcome_record(out, request_id=0, sent_s=out.chunk_times[0] - 0.01)
+    assert rec.ok and rec.output_tokens == 5 and len(rec.token_times_s) == 5
+    log = read_wire_log(wire)
+    assert [e["path"] for e in log] == ["/server_info", "/v1/completions"]
+    assert log[1]["body"]["bootstrap_room"] == 7 and log[1]["role"] == "decode"
+
+
+def test_standin_prefill_answers_one_token_and_rejects_bad_json(tmp_path):
+    async def run(session, url):
+        async with session.post(url + "/v1/chat/completions",
+                                json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 50}) as resp:
+            answer = await resp.json()
+        async with session.post(url + "/generate", data=b"{not json") as resp:
+            bad = resp.status
+        async with session.post(url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 3}}) as resp:
+            native = await resp.json()
+        return answer, bad, native
+
+    answer, bad, native = _serve("prefill", tmp_path / "p.jsonl", run)
+    assert answer["usage"]["completion_tokens"] == 1 and answer["choices"][0]["message"]["content"] == " tok"
+    assert bad == 400 and native["meta_info"]["completion_tokens"] == 1  # a prefill worker makes one token
+    with pytest.raises(ValueError, match="prefill or decode"):
+        make_standin_app("router", tmp_path / "x.jsonl")
+    assert json.loads((tmp_path / "p.jsonl").read_text().splitlines()[0])["role"] == "prefill"
