@@ -91,3 +91,37 @@ def test_resolve_device(monkeypatch):
     assert hw.detect_device()["kind"] == "cpu"
     monkeypatch.setattr(hw, "cuda_available", lambda: True)
     assert hw.resolve_device() == "cuda"
+
+
+def test_catalog_entries_are_typed_and_errors_name_file_entry_and_field():
+    from pdlab.catalog import CatalogError, load_yaml, typed_fields
+    from pdlab.hardware import GPU, Link
+
+    entry = dict(load_yaml("gpus.yaml")["h100-sxm"])
+    fields = typed_fields(GPU, entry, file="gpus.yaml", key="h100-sxm")
+    assert fields["memory_gb"] == entry["memory_gb"] and fields["pcie_gen"] == entry["pcie_gen"]
+    for field, bad, problem in [("hbm_bytes_per_s", "fast", "number"), ("pcie_gen", 4.5, "whole number"),
+                                ("source", "", "non-empty"), ("tdp_w", None, "missing"), ("bf16_flops", -1, ">= 0")]:
+        with pytest.raises(CatalogError, match=rf"gpus.yaml: entry 'h100-sxm', field '{field}': .*{problem}") as info:
+            typed_fields(GPU, {**entry, field: bad}, file="gpus.yaml", key="h100-sxm")
+        assert (info.value.file, info.value.entry, info.value.field) == ("gpus.yaml", "h100-sxm", field)
+    assert typed_fields(GPU, {k: v for k, v in entry.items() if k != "fp8_flops"}, file="g", key="k")["fp8_flops"] is None
+    with pytest.raises(CatalogError, match="field 'bytes_per_s'"):
+        typed_fields(Link, {"name": "x", "kind": "ib", "source": "s", "confidence": "V"}, file="links.yaml", key="x")
+    with pytest.raises(CatalogError, match="mapping"):
+        typed_fields(Link, ["not", "a", "mapping"], file="links.yaml", key="x")
+
+
+def test_model_catalog_errors_name_the_field(monkeypatch):
+    import pdlab.models as models
+    from pdlab.catalog import CatalogError
+
+    good = models.load_yaml("models.yaml")
+    broken = {**good, "llama-3-8b": {**good["llama-3-8b"], "config": {**good["llama-3-8b"]["config"],
+                                                                        "num_hidden_layers": "32"}}}
+    monkeypatch.setattr(models, "load_yaml", lambda name: broken)
+    with pytest.raises(CatalogError, match=r"models.yaml: entry 'llama-3-8b', field 'config.num_hidden_layers'"):
+        models.get_model("llama-3-8b")
+    monkeypatch.setattr(models, "load_yaml", lambda name: {"m": {"config": {"vocab_size": 10}}})
+    with pytest.raises(CatalogError, match="entry 'm', field 'config'"):
+        models.get_model("m")

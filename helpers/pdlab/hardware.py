@@ -10,7 +10,7 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdlab.catalog import load_yaml, lookup
+from pdlab.catalog import load_yaml, lookup, typed_fields
 
 __all__ = [
     "GPU",
@@ -100,7 +100,7 @@ class Link:
 def get_gpu(name: str) -> GPU:
     """Look up a GPU by catalog name (``h100-sxm``); unknown names raise UnknownNameError."""
     key, entry = lookup("GPU", load_yaml("gpus.yaml"), name)
-    fields = {k: entry.get(k) for k in GPU.__dataclass_fields__ if k not in ("key", "extra")}
+    fields = typed_fields(GPU, entry, file="gpus.yaml", key=key)
     extra = {k: v for k, v in entry.items() if k not in fields}
     return GPU(key=key, extra=extra, **fields)
 
@@ -108,7 +108,7 @@ def get_gpu(name: str) -> GPU:
 def get_link(name: str) -> Link:
     """Look up an interconnect by catalog name (``ib-ndr``); unknown names raise UnknownNameError."""
     key, entry = lookup("link", load_yaml("links.yaml"), name)
-    return Link(key=key, **{k: entry[k] for k in Link.__dataclass_fields__ if k != "key"})
+    return Link(key=key, **typed_fields(Link, entry, file="links.yaml", key=key))
 
 
 def list_gpus() -> list[GPU]:

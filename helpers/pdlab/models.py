@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pdlab.catalog import load_yaml, lookup
+from pdlab.catalog import CatalogError, load_yaml, lookup
 from pdlab.hardware import dtype_bytes
 
 __all__ = [
@@ -137,7 +137,18 @@ def load_config(path: str | Path) -> ModelConfig:
 def get_model(name: str) -> ModelConfig:
     """A catalog model by name (``llama-3-70b``); unknown names raise UnknownNameError."""
     key, entry = lookup("model", load_yaml("models.yaml"), name)
-    return from_hf_config(entry["config"], name=key, source=entry.get("source", ""))
+    cfg = entry.get("config") if isinstance(entry, dict) else None
+    if not isinstance(cfg, dict):
+        raise CatalogError("models.yaml", key, "config", "must be a mapping of HF config.json fields")
+    for field in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                  "intermediate_size", "vocab_size"):
+        value = cfg.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise CatalogError("models.yaml", key, f"config.{field}", f"must be a whole number > 0, got {value!r}")
+    try:
+        return from_hf_config(cfg, name=key, source=entry.get("source", ""))
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        raise CatalogError("models.yaml", key, "config", str(exc)) from None
 
 
 def list_models() -> list[ModelConfig]:
