@@ -9,40 +9,8 @@
 The names of ``traces`` and ``synthetic`` are re-exported here; import ``agentic`` as a submodule.
 """
 
-from pdlab.workloads.synthetic import (
-    WORKLOADS,
-    gamma_arrivals,
-    make_requests,
-    named_workload,
-    poisson_arrivals,
-    scale_rate,
-    synthetic_requests,
-    with_rate,
-)
-from pdlab.workloads.traces import (
-    Request,
-    TraceFormatError,
-    mooncake_trace_path,
-    read_mooncake_jsonl,
-    read_sharegpt_lengths,
-    sharegpt_lengths_path,
-    write_mooncake_jsonl,
-)
+from pdlab.workloads import synthetic, traces
+from pdlab.workloads.synthetic import *  # noqa: F403 - the names listed in synthetic.__all__
+from pdlab.workloads.traces import *  # noqa: F403 - the names listed in traces.__all__
 
-__all__ = [
-    "Request",
-    "TraceFormatError",
-    "read_mooncake_jsonl",
-    "write_mooncake_jsonl",
-    "read_sharegpt_lengths",
-    "mooncake_trace_path",
-    "sharegpt_lengths_path",
-    "poisson_arrivals",
-    "gamma_arrivals",
-    "make_requests",
-    "synthetic_requests",
-    "scale_rate",
-    "with_rate",
-    "named_workload",
-    "WORKLOADS",
-]
+__all__ = [*traces.__all__, *synthetic.__all__]
