@@ -401,11 +401,19 @@ def _offline_students():
         [p for p in student_notebooks() if p.name.startswith("lab02_")]
 
 
+# Leaks found by this test in notebooks whose owners have not fixed them yet (xfail, not strict: the
+# test passes again, silently, once the exercise gets parameters of its own; then drop the entry).
+KNOWN_LEAKS = {
+    "00_orientation": "Exercise 2 asks for the H100 bf16 ridge point (295 FLOP/B), which the page prints",
+    "01_roofline_prefill_vs_decode": "Exercise 3's predicted prefill time is printed on the page (issue 14)",
+}
 STUDENTS = _offline_students()
+STUDENT_PARAMS = [pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(reason=KNOWN_LEAKS[p.stem], strict=False)]
+                               if p.stem in KNOWN_LEAKS else []) for p in STUDENTS]
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("path", STUDENTS, ids=[p.stem for p in STUDENTS])
+@pytest.mark.parametrize("path", STUDENT_PARAMS)
 def test_no_expected_value_is_on_the_page(path, tmp_path, monkeypatch):
     from pdlab.course import run_notebook
     from pdlab.paths import build_dir
