@@ -394,38 +394,14 @@ def test_number_spellings():
     assert number_spellings(7) == set()
 
 
-def _offline_students():
-    from pdlab.course import student_notebooks
-
-    return [p for p in student_notebooks() if p.parent.name == "notebooks"] + \
-        [p for p in student_notebooks() if p.name.startswith("lab02_")]
-
-
-# Leaks found by this test in notebooks whose owners have not fixed them yet (xfail, not strict: the
-# test passes again, silently, once the exercise gets parameters of its own; then drop the entry).
-KNOWN_LEAKS = {
-    "00_orientation": "Exercise 2 asks for the H100 bf16 ridge point (295 FLOP/B), which the page prints",
-    "01_roofline_prefill_vs_decode": "Exercise 3's predicted prefill time is printed on the page (issue 14)",
-}
-STUDENTS = _offline_students()
-STUDENT_PARAMS = [pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(reason=KNOWN_LEAKS[p.stem], strict=False)]
-                               if p.stem in KNOWN_LEAKS else []) for p in STUDENTS]
-
-
-@pytest.mark.notebook
-@pytest.mark.parametrize("path", STUDENT_PARAMS)
-def test_no_expected_value_is_on_the_page(path, tmp_path, monkeypatch):
-    from pdlab.course import run_notebook
-    from pdlab.paths import build_dir
-
-    log = tmp_path / "expected.jsonl"
-    monkeypatch.setenv("PDLAB_EXPECTED_LOG", str(log))
-    out = build_dir() / "test-executed" / "answers-on-page" / path.name
-    res = run_notebook(path, out, profile="smoke", student=True)
-    assert res.status == "ok", f"{path.name}: {res.error}"
-    expected = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    assert expected, f"{path.name}: no check recorded an expected value"
-    page = _page_text(nbformat.read(out, as_version=4))
+def expected_values_on_the_page(executed_nb_path, expected_log) -> list[str]:
+    """The expected exercise answers recorded in ``expected_log`` (``PDLAB_EXPECTED_LOG``) that an
+    executed student copy prints in its markdown or outputs. Used by
+    ``tests/test_notebooks.py::test_student_copy_runs_and_exercises_raise``, which runs every
+    offline student copy once with the log switched on."""
+    expected = [json.loads(line) for line in expected_log.read_text().splitlines()] if expected_log.exists() else []
+    assert expected, f"{executed_nb_path.name}: no check recorded an expected value"
+    page = _page_text(nbformat.read(executed_nb_path, as_version=4))
     leaks = []
     for row in expected:
         if row.get("kind") == "choice" or isinstance(row["expected"], bool) \
@@ -434,4 +410,4 @@ def test_no_expected_value_is_on_the_page(path, tmp_path, monkeypatch):
         for s in number_spellings(row["expected"]):
             if re.search(rf"(?<![\d.,]){re.escape(s)}(?![\d])", page):
                 leaks.append(f"{row['exercise']}: {s}")
-    assert not leaks, f"{path.name}: expected answers printed on the page: {leaks}"
+    return leaks

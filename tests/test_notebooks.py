@@ -59,8 +59,14 @@ STUDENT_PARAMS = [pytest.param(p, marks=[pytest.mark.student_lab] if p.parent.na
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", STUDENT_PARAMS, ids=_ids(STUDENTS))
-def test_student_copy_runs_and_exercises_raise(path):
+def test_student_copy_runs_and_exercises_raise(path, tmp_path, monkeypatch):
+    """Also: no exercise's expected value appears on the executed page (checks log what they
+    expect to ``PDLAB_EXPECTED_LOG``; tests/test_exercise_battery.py has the matcher)."""
+    from test_exercise_battery import expected_values_on_the_page
+
     assert path.exists(), f"missing student copy {path}: run `make notebooks`"
+    log = tmp_path / "expected.jsonl"
+    monkeypatch.setenv("PDLAB_EXPECTED_LOG", str(log))
     out = build_dir() / "test-executed" / "student" / path.parent.name / path.name
     res = run_notebook(path, out, profile="smoke", student=True)
     assert res.status == "ok", f"{path.name}: {res.error} (see {out})"
@@ -70,6 +76,8 @@ def test_student_copy_runs_and_exercises_raise(path):
     assert res.expected_errors == n_ex, f"expected {n_ex} exercise stubs to raise, saw {res.expected_errors}"
     text = _outputs_text(nbformat.read(out, as_version=4))
     assert text.count("NOT ATTEMPTED") >= n_ex and "PASSED" not in text
+    leaks = expected_values_on_the_page(out, log)
+    assert not leaks, f"{path.name}: expected answers printed on the page: {leaks}"
 
 
 def test_every_notebook_has_a_parameters_cell_with_profile():
