@@ -38,7 +38,7 @@ LAYERS: dict[str, int] = {
     "pdlab.serve": 5, "pdlab.router.server": 5, "pdlab.router.client": 5,
     "pdlab.bench": 5, "pdlab.streaming": 5, "pdlab.modelbuild": 5,
     # 6 — course, widgets, exercises, cli
-    "pdlab.course": 6, "pdlab.router.report": 6, "pdlab.widgets": 6, "pdlab.exercises": 6, "pdlab.cli": 6,
+    "pdlab.course": 6, "pdlab.widgets": 6, "pdlab.exercises": 6, "pdlab.cli": 6,
 }
 
 

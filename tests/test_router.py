@@ -342,7 +342,7 @@ def test_constant_latency_estimates_are_usable():
 def test_writeup_export_holds_table_and_plot(tmp_path):
     import pandas as pd
     import plotly.express as px
-    from pdlab.router.report import export_writeup, writeup_notebook
+    from pdlab.course.export import export_writeup, writeup_notebook
 
     df = pd.DataFrame({"rate": [1, 2], "goodput_rps": [0.9, 1.7]})
     fig = px.line(df, x="rate", y="goodput_rps", title="goodput")

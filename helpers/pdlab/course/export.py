@@ -1,9 +1,10 @@
-"""Write-ups of a lab's results: a small notebook of markdown, tables and plotly figures, exported to HTML.
+"""Write-ups: an executed notebook exported to HTML or Markdown, and a lab's results as a small
+notebook of markdown, tables and plotly figures.
 
-The lab builds the write-up from the results it computed (no re-execution), saves it under
-``build/writeups/`` and exports it with ``pdlab course export NOTEBOOK --no-input`` — the command
-a reader would type — so the HTML holds the prose, the result tables and the interactive plots
-without code.
+A lab builds its write-up from the results it computed (no re-execution, :func:`writeup_notebook`),
+saves it under ``build/writeups/`` and exports it with ``pdlab course export NOTEBOOK --no-input``
+(:func:`export_writeup`) — the command a reader would type — so the HTML holds the prose, the
+result tables and the interactive plots without code.
 """
 
 from __future__ import annotations
@@ -16,9 +17,33 @@ from typing import Any
 
 import nbformat
 
+from pdlab.course.generate import cell_tags
 from pdlab.paths import build_dir
 
-__all__ = ["writeup_notebook", "export_writeup"]
+__all__ = ["export", "writeup_notebook", "export_writeup"]
+
+
+def export(notebook: Path, *, to: str = "html", out: Path | None = None, no_input: bool = False) -> Path:
+    """Turn an executed notebook into a write-up (HTML or Markdown); ``no_input`` hides code."""
+    from nbconvert import HTMLExporter, MarkdownExporter
+
+    exporters = {"html": (HTMLExporter, ".html"), "markdown": (MarkdownExporter, ".md")}
+    if to not in exporters:
+        raise ValueError(f"unknown export format {to!r}; use html or markdown")
+    cls, suffix = exporters[to]
+    exporter = cls()
+    exporter.exclude_input = no_input
+    exporter.exclude_input_prompt = no_input
+    exporter.exclude_output_prompt = no_input
+    nb = nbformat.read(notebook, as_version=4)
+    nb.cells = [c for c in nb.cells if "papermill-error-cell-tag" not in cell_tags(c)]
+    body, resources = exporter.from_notebook_node(nb)
+    out = out or build_dir() / "writeups" / (Path(notebook).stem + suffix)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(body)
+    for name, data in (resources.get("outputs") or {}).items():
+        (out.parent / name).write_bytes(data)
+    return out
 
 
 def _output_cell(data: dict[str, Any]) -> nbformat.NotebookNode:
