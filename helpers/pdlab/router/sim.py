@@ -10,26 +10,23 @@
   instance with the fewest queued prefill tokens (decode instances are chosen later by the
   simulator's decode dispatch, least loaded);
 - finished requests feed the output predictor (:meth:`RoutedSimulator._finished`);
-- optional **prefix caching** (vLLM's automatic prefix caching): each colocated or prefill
-  instance keeps an LRU of 512-token prefix blocks (:class:`pdlab.kvcache.LRUBlockCache`, as many
-  blocks as its KV capacity holds), and a prompt whose leading blocks are cached starts its
-  prefill after them (at least one token is always computed). The KV is still held in full and
-  transferred in full (vLLM's NIXL decode side could skip blocks it caches itself; not modelled).
+- optional **prefix caching** is the engine's own (``InstanceSpec.prefix_caching``: an LRU of
+  prefix blocks per colocated or prefill instance, filled on admission). The KV is still held in
+  full and transferred in full (vLLM's NIXL decode side could skip blocks it caches itself; not
+  modelled).
 
-Hooks this needed (described in the issue report; not in :mod:`pdlab.sim` yet): an instance
-factory on :class:`pdlab.sim.Simulator` and a prefix cache in the engine. Until they exist, the
-instances are given the caching behaviour right after the base class creates them (the
-``instances`` attribute setter below), and :class:`_PrefixCachingInstance` re-implements the
-admission step ``Instance._admit_prefills`` with hits.
+It uses only the engine's public extension points: ``Simulator.mixed_roles``, the dispatch
+policy, the ``_finished`` hook and the per-spec prefix cache.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pdlab.hardware import get_gpu, resolve_link_bandwidth
-from pdlab.kvcache import BLOCK_TOKENS, LRUBlockCache
+from pdlab.kvcache import BLOCK_TOKENS
 from pdlab.models import get_model, kv_bytes_per_token
 from pdlab.router.policies import (
     LoadEstimator,
@@ -40,7 +37,7 @@ from pdlab.router.policies import (
     make_policy,
     make_predictor,
 )
-from pdlab.sim.dispatch import DispatchPolicy, make_dispatch
+from pdlab.sim.dispatch import DispatchPolicy
 from pdlab.sim.engine import Instance, InstanceSpec, KVLink, SimResult, Simulator
 from pdlab.sim.latency import kv_capacity_tokens, roofline_latency
 from pdlab.workloads import Request
@@ -114,94 +111,24 @@ class RouterDispatch(DispatchPolicy):
         return next(i for i, inst in enumerate(instances) if inst is chosen)
 
 
-class _PrefixCachingInstance(Instance):
-    """An :class:`~pdlab.sim.engine.Instance` with vLLM-style automatic prefix caching."""
-
-    prefix_cache: LRUBlockCache
-    block_tokens: int = BLOCK_TOKENS
-    hit_tokens: int = 0
-    prompt_tokens_seen: int = 0
-
-    def _hit(self, r: Any) -> int:
-        ids = r.req.hash_ids
-        if not ids:
-            return 0
-        hits = self.prefix_cache.match(ids)
-        self.prefix_cache.insert(ids)
-        tokens = min(hits * self.block_tokens, r.target - 1)
-        self.hit_tokens += tokens
-        self.prompt_tokens_seen += r.target
-        return max(0, tokens)
-
-    def _admit_prefills(self, now: float, budget: int, max_new: int) -> list:
-        """As the base class (FCFS, the whole prompt's KV must fit), but the prefill starts after
-        the cached prefix."""
-        items: list = []
-        while self.waiting and budget > 0 and max_new > 0:
-            r = self.waiting[0]
-            if r.target > self.capacity:
-                self.waiting.popleft()
-                self.queued_tokens -= r.target
-                self._fail(r, now, f"prompt of {r.target} tokens exceeds the KV capacity of {self.name} "
-                                   f"({self.capacity} tokens)")
-                continue
-            if self.kv_used + r.target > self.capacity:
-                break
-            cached = self._hit(r) if self.role != "decode" else 0
-            todo = r.target - cached
-            chunk = todo if self.spec.scheduler == "vllm" or self.role == "prefill" else min(todo, budget)
-            if items and chunk > budget:
-                break
-            self.waiting.popleft()
-            self.queued_tokens -= r.target
-            self.kv_used += r.target
-            r.kv = r.target
-            r.prefilled = cached
-            items.append((r, chunk))
-            budget -= chunk
-            max_new -= 1
-        return items
-
-
 class RoutedSimulator(Simulator):
     """A :class:`pdlab.sim.Simulator` that allows colocated + prefill + decode instances together,
     routes arrivals with a :class:`RouterDispatch`, and can model prefix caching."""
+
+    mixed_roles = True
 
     def __init__(self, specs: Sequence[InstanceSpec], *, dispatch: RouterDispatch | DispatchPolicy | str,
                  decode_dispatch: str | DispatchPolicy = "least_loaded", link: KVLink | None = None,
                  record_token_times: bool = True, prefix_caching: bool = False,
                  block_tokens: int = BLOCK_TOKENS):
-        if not specs:
-            raise ValueError("a cluster needs at least one instance")
-        roles = {s.role for s in specs}
-        if ("prefill" in roles) != ("decode" in roles):
-            raise ValueError("prefill instances need decode instances beside them, and vice versa")
-        self.specs = list(specs)
-        self.dispatch = make_dispatch(dispatch)
-        self.decode_dispatch = make_dispatch(decode_dispatch)
-        self.link = link
-        self.record_token_times = record_token_times
+        if prefix_caching:
+            specs = [replace(s, prefix_caching=True, prefix_block_tokens=block_tokens) for s in specs]
+        super().__init__(specs, dispatch=dispatch, decode_dispatch=decode_dispatch, link=link,
+                         record_token_times=record_token_times)
         self.prefix_caching = prefix_caching
         self.block_tokens = block_tokens
         if isinstance(self.dispatch, RouterDispatch):
             self.dispatch.sim = self
-
-    # The base class's run() creates the instances, then assigns ``self.front`` (the colocated and
-    # prefill instances): give those the prefix cache there (the instance-factory hook pdlab.sim lacks).
-    @property
-    def front(self) -> list[Instance]:
-        return self._front
-
-    @front.setter
-    def front(self, value: list[Instance]) -> None:
-        if self.prefix_caching:
-            for inst in value:
-                inst.__class__ = _PrefixCachingInstance
-                inst.prefix_cache = LRUBlockCache(max(1, inst.capacity // self.block_tokens))
-                inst.block_tokens = self.block_tokens
-                inst.hit_tokens = 0
-                inst.prompt_tokens_seen = 0
-        self._front = value
 
     def _finished(self, r: Any, now: float) -> None:
         super()._finished(r, now)
@@ -213,10 +140,6 @@ class RoutedSimulator(Simulator):
         if isinstance(self.dispatch, RouterDispatch):
             for rec in res.records:
                 rec.extra["route"] = self.dispatch.routes.get(rec.request_id, "")
-        for info, inst in zip(res.instances, self.instances, strict=True):
-            if isinstance(inst, _PrefixCachingInstance):
-                info["prefix_hit_tokens"] = inst.hit_tokens
-                info["prefix_hit_ratio"] = inst.hit_tokens / inst.prompt_tokens_seen if inst.prompt_tokens_seen else 0.0
         return res
 
 

@@ -823,6 +823,9 @@ class Simulator:
 
     record_token_times = True
     link: KVLink | None = None
+    #: Subclasses that route between a colocated pool and a P/D pool set this (the event loop sends
+    #: arrivals to colocated and prefill instances alike, and prefilled requests on to decode).
+    mixed_roles: bool = False
 
     def __init__(self, specs: Sequence[InstanceSpec], *, dispatch: str | DispatchPolicy = "round_robin",
                  decode_dispatch: str | DispatchPolicy = "least_loaded", link: KVLink | None = None,
@@ -830,9 +833,9 @@ class Simulator:
         if not specs:
             raise ValueError("a cluster needs at least one instance")
         roles = {s.role for s in specs}
-        if "colocated" in roles and roles != {"colocated"}:
+        if "colocated" in roles and roles != {"colocated"} and not self.mixed_roles:
             raise ValueError("mix of colocated and prefill/decode instances is not supported")
-        if roles & {"prefill", "decode"} and roles != {"prefill", "decode"}:
+        if ("prefill" in roles) != ("decode" in roles):
             raise ValueError("a disaggregated cluster needs at least one prefill and one decode instance")
         self.specs = list(specs)
         self.dispatch = make_dispatch(dispatch)
