@@ -51,13 +51,11 @@ _KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
 def detect_serve_device() -> str:
-    """``"cuda"`` if a CUDA GPU is visible to torch, else ``"cpu"`` (never assumed)."""
-    try:
-        import torch
+    """``"cuda"`` if a CUDA GPU is visible to torch, else ``"cpu"`` (never assumed; see
+    :func:`pdlab.hardware.resolve_device`)."""
+    from pdlab.hardware import resolve_device
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except Exception:  # torch missing or broken: the CPU path still describes what to run
-        return "cpu"
+    return resolve_device("auto")
 
 
 CPU_NIXL_PROGRESS_DELAY_US = 1000
