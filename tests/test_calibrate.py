@@ -192,6 +192,29 @@ def test_disaggregated_sim_follows_the_proxy_protocol():
         build_sim("chunked", TRUE)
 
 
+def test_disaggregated_sim_applies_measured_contention_and_vllm_handoff():
+    """The second prompt's prefill starts while the first request decodes: it takes 1 + c_p times
+    as long with the measured contention; a request alone is not slowed; the physics is vLLM's."""
+    reqs = make_requests([0.0, 0.05], 300, 40)
+    base = {r.request_id: r for r in simulate_like_live(reqs, "disaggregated", TRUE, cpu_contention={})}
+    slowed = {r.request_id: r for r in simulate_like_live(reqs, "disaggregated", TRUE,
+                                                          cpu_contention={"prefill": 0.5, "decode": 0.0})}
+    assert math.isclose(slowed[0].ttft_s, base[0].ttft_s, rel_tol=1e-9)   # alone: no peer busy
+    prefill = TRUE.prefill_time_s([300])
+    done = {k: r.extra["kv_transfer_start_s"] - r.arrival_s for k, r in (("base", base[1]), ("slowed", slowed[1]))}
+    assert math.isclose(done["base"], prefill, rel_tol=1e-9)
+    assert math.isclose(done["slowed"], 1.5 * prefill, rel_tol=1e-9)
+    assert slowed[1].ttft_s > base[1].ttft_s
+    # the contention probe's result rides in the profile's meta and is the default
+    lat = FittedLatency(TRUE.prefill, TRUE.decode, meta={"cpu_contention": {"prefill": 0.5, "decode": 0.0}})
+    from_meta = {r.request_id: r for r in simulate_like_live(reqs, "disaggregated", lat)}
+    assert math.isclose(from_meta[1].ttft_s, slowed[1].ttft_s, rel_tol=1e-9)
+    sim = build_sim("disaggregated", lat)
+    pre, dec = sim.specs
+    assert (pre.cpu_contention, dec.cpu_contention) == (0.5, 0.0) and pre.cpu_group == dec.cpu_group == "host"
+    assert dec.handoff_reservation == "vllm" and sim.link.sharing == "fair"
+
+
 def test_requests_from_records_uses_send_times_and_server_tokens():
     recs = [RequestRecord(0, 100.5, 64, 8, 100.6, 101.0, extra={"server_prompt_tokens": 65,
                                                                 "target_output_tokens": 8}),

@@ -51,6 +51,7 @@ __all__ = [
     "probe_prefill",
     "probe_decode",
     "probe_handoff",
+    "probe_contention",
     "calibrate",
     "fit_row",
     "fit_profile",
@@ -82,7 +83,9 @@ class ProbePlan:
     concurrent streams of ``p``-token prompts for every pair with b·p ≤ ``max_batched_tokens`` (so
     all prompts fit one prefill step and the streams decode together), each generating
     ``decode_tokens`` tokens, ``decode_repeats`` times. Hand-off: each of ``handoff_lengths``
-    ``repeats`` times through the proxy.
+    ``repeats`` times through the proxy. Contention (two servers only): prefills of
+    ``contention_prompt`` tokens and decode streams, each alone and while the other server works
+    (:func:`probe_contention`).
     """
 
     prefill_lengths: tuple[int, ...] = (16, 256, 768, 1536)
@@ -90,6 +93,7 @@ class ProbePlan:
     decode_prompts: tuple[int, ...] = (32, 512)
     decode_tokens: int = 32
     handoff_lengths: tuple[int, ...] = (32, 512, 1536)
+    contention_prompt: int = 1024
     repeats: int = 3
     decode_repeats: int = 2
     max_batched_tokens: int = 2048
@@ -209,6 +213,71 @@ def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, s
     return [{"tokens": int(np.median([_server_prompt_tokens(r) for r in g])),
              "ttft_s": float(np.median([r.ttft_s for r in g])), "samples": len(g)}
             for _, g in sorted(by_len.items())]
+
+
+def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 1024, repeats: int = 3,
+                     decode_streams: int = 16, decode_prompt: int = 256, decode_tokens: int = 48, seed: int = 0,
+                     **bench_kwargs: Any) -> dict[str, float]:
+    """How much each role slows down while the other one works (two servers on one host).
+
+    Prefill: the median TTFT of ``repeats`` single ``prompt_tokens``-token prompts, alone and
+    while ``decode_streams`` streams decode on ``decode_url``. Decode: the median TPOT of
+    ``decode_streams`` streams, alone and while prompts are prefilled back to back on
+    ``prefill_url``. Returns the times (s) and ``prefill``/``decode`` = max(0, busy/alone − 1):
+    the simulator's ``InstanceSpec.cpu_contention`` of each role (an iteration takes
+    ``1 + cpu_contention`` times as long while the other instance is busy). Measured, not fitted:
+    on the course's 2-core CPU the roles are pinned to a core each but share the last-level
+    cache, memory bandwidth and the cores' other processes (API servers, proxy, client).
+    """
+    import threading
+
+    def prefills(tag: int) -> float:
+        reqs = [Request(i, 0.0, int(prompt_tokens), 1) for i in range(repeats)]
+        recs = _bench(prefill_url, reqs, seed=seed + tag, max_concurrency=1, **bench_kwargs)
+        return float(np.median([r.ttft_s for r in recs]))
+
+    def decodes(tag: int) -> float:
+        reqs = [Request(i, 0.0, int(decode_prompt), int(decode_tokens)) for i in range(decode_streams)]
+        tpots = [t for r in _bench(decode_url, reqs, seed=seed + tag, **bench_kwargs) if (t := r.tpot_s) is not None]
+        if not tpots:
+            raise RuntimeError("contention probe: no decode stream produced more than one token")
+        return float(np.median(tpots))
+
+    def while_busy(background, measure) -> float:
+        stop, errors = threading.Event(), []
+
+        def loop() -> None:
+            k = 0
+            while not stop.is_set():
+                try:
+                    background(100 + k)
+                except Exception as exc:  # noqa: BLE001 - re-raised below, after the thread ends
+                    errors.append(exc)
+                    return
+                k += 1
+
+        worker = threading.Thread(target=loop, daemon=True)
+        worker.start()
+        try:
+            import time
+
+            time.sleep(0.5)   # the background work is under way
+            return measure(50)
+        finally:
+            stop.set()
+            worker.join(timeout=120)
+            if errors:
+                raise RuntimeError(f"contention probe: background load failed: {errors[0]}") from errors[0]
+
+    prefill_alone = prefills(1)
+    prefill_busy = while_busy(decodes, prefills)
+    decode_alone = decodes(2)
+    decode_busy = while_busy(prefills, decodes)
+    return {"prompt_tokens": int(prompt_tokens), "decode_streams": int(decode_streams),
+            "prefill_alone_s": prefill_alone, "prefill_busy_s": prefill_busy,
+            "decode_alone_s": decode_alone, "decode_busy_s": decode_busy,
+            "prefill": max(0.0, prefill_busy / prefill_alone - 1.0),
+            "decode": max(0.0, decode_busy / decode_alone - 1.0)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,10 +415,12 @@ class CalibrationResult:
     handoff_points: list[dict[str, float]] = field(default_factory=list)
     kv_link: dict[str, float] | None = None
     seconds: float = 0.0
+    contention: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"prefill": list(self.latency.prefill), "decode": list(self.latency.decode),
-                "fit": self.latency.meta.get("fit"), "kv_link": self.kv_link, "seconds": self.seconds}
+                "fit": self.latency.meta.get("fit"), "kv_link": self.kv_link, "seconds": self.seconds,
+                "cpu_contention": self.contention}
 
 
 def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None = None,
@@ -359,6 +430,8 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
 
     With ``proxy_url`` (a disaggregation proxy in front of those servers) the KV hand-off is
     probed too and fitted as a link with a fixed latency and a per-token time (``kv_link``).
+    With two servers (``decode_url`` ≠ ``url``) each role's slowdown while the other works is
+    measured (:func:`probe_contention`, ``meta["cpu_contention"]``).
     ``plan`` is a :class:`ProbePlan` or a key of :data:`PROBE_PLANS`.
     """
     import time
@@ -382,7 +455,12 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
         lat.meta["kv_link"] = link
         lat.meta["handoff_points"] = handoff
         lat.meta["proxy_url"] = proxy_url
-    res = CalibrationResult(lat, pre, dec, handoff, link, time.perf_counter() - t0)
+    contention = None
+    if decode_url and decode_url != url:
+        contention = probe_contention(url, decode_url, prompt_tokens=plan.contention_prompt,
+                                      repeats=plan.repeats, seed=seed + 3, **bench_kwargs)
+        lat.meta["cpu_contention"] = contention
+    res = CalibrationResult(lat, pre, dec, handoff, link, time.perf_counter() - t0, contention)
     lat.meta["calibration_s"] = res.seconds
     return res
 
@@ -432,14 +510,20 @@ def server_kv_capacity_tokens(url: str, default: int | None = None) -> int:
 
 def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatency | None = None,
               kv_capacity_tokens: int = 131072, token_budget: int = 2048, max_num_seqs: int = 128,
-              kv_link: Mapping[str, float] | None = None):
+              kv_link: Mapping[str, float] | None = None, cpu_contention: Mapping[str, float] | None = None,
+              handoff_reservation: str = "vllm", link_sharing: str = "fair"):
     """A :class:`pdlab.sim.Simulator` shaped like the live set-up.
 
     ``colocated``: one instance, vLLM V1 scheduling = chunked prefill with ``token_budget``
     (``--max-num-batched-tokens``) and ``max_num_seqs``. ``disaggregated``: one prefill instance
     (``latency``) and one decode instance (``decode_latency``, default ``latency``) joined by a
     link with ``kv_link`` = ``{"latency_s", "s_per_token"}`` (default: ``latency.meta["kv_link"]``,
-    else instantaneous).
+    else instantaneous), and the hand-off physics of vLLM's NIXL connector
+    (:mod:`pdlab.sim.engine`): the decode instance reserves the prompt's KV before the pull and
+    starts none while ``max_num_seqs`` requests run (``handoff_reservation="vllm"``), concurrent
+    pulls share the link (``link_sharing="fair"``), and each role is slowed by the other's work
+    by ``cpu_contention`` = ``{"prefill": c_p, "decode": c_d}`` (default:
+    ``latency.meta["cpu_contention"]``, measured by :func:`probe_contention`; else none).
     """
     from pdlab.sim import InstanceSpec, KVLink, Simulator
 
@@ -453,11 +537,15 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     link = dict(kv_link if kv_link is not None else latency.meta.get("kv_link") or {})
     s_per_token = float(link.get("s_per_token", 0.0))
     kvl = KVLink(kv_bytes_per_token=1.0, bandwidth_bytes_per_s=1.0 / s_per_token if s_per_token > 0 else None,
-                 latency_s=float(link.get("latency_s", 0.0)))
-    pre = InstanceSpec(latency=latency, kv_capacity_tokens=kv_capacity_tokens, role="prefill",
-                       token_budget=token_budget, max_num_seqs=max_num_seqs, max_batched_tokens=token_budget)
-    dec = InstanceSpec(latency=decode_latency or latency, kv_capacity_tokens=kv_capacity_tokens, role="decode",
-                       token_budget=token_budget, max_num_seqs=max_num_seqs, max_batched_tokens=token_budget)
+                 latency_s=float(link.get("latency_s", 0.0)), sharing=link_sharing)
+    contention = dict(cpu_contention if cpu_contention is not None else latency.meta.get("cpu_contention") or {})
+    shared = {role: float(contention.get(role, 0.0)) for role in ("prefill", "decode")}
+    group = "host" if any(shared.values()) else None
+    common = dict(kv_capacity_tokens=kv_capacity_tokens, token_budget=token_budget, max_num_seqs=max_num_seqs,
+                  max_batched_tokens=token_budget, cpu_group=group)
+    pre = InstanceSpec(latency=latency, role="prefill", cpu_contention=shared["prefill"], **common)
+    dec = InstanceSpec(latency=decode_latency or latency, role="decode", cpu_contention=shared["decode"],
+                       handoff_reservation=handoff_reservation, **common)
     return Simulator([pre, dec], dispatch="shortest_queue", link=kvl)
 
 
