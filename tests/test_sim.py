@@ -3,7 +3,7 @@
 import json
 
 import numpy as np
-import pdlab.sim.engine as engine
+import pdlab.sim.state as sim_state
 import pytest
 from pdlab.cli import main
 from pdlab.metrics import SLO
@@ -48,7 +48,7 @@ def test_conservation_and_determinism(mode, kw):
 def test_multi_step_decode_plans_equal_step_by_step(monkeypatch, mode):
     kw = dict(prefill=1, decode=1, link="ib-hdr") if mode == "disaggregated" else dict(instances=2)
     fast = simulate(REQS[:150], mode, "a100-80gb", "opt-13b", **kw)
-    monkeypatch.setattr(engine, "_MAX_PLAN_STEPS", 1)
+    monkeypatch.setattr(sim_state, "_MAX_PLAN_STEPS", 1)
     slow = simulate(REQS[:150], mode, "a100-80gb", "opt-13b", **kw)
     for f, s in zip(fast.records, slow.records, strict=True):
         assert f.first_token_s == pytest.approx(s.first_token_s, rel=1e-9)
@@ -342,14 +342,12 @@ def test_cpu_contention_slows_iterations_of_instances_sharing_cores():
     assert sorted(r.ttft_s for r in shared.records) == pytest.approx([0.1, 0.15])
     assert all(s.tpot_s > a.tpot_s for s, a in zip(shared.records, alone.records, strict=True))
     # same answer as a step-by-step simulation (the plans are re-cut when a peer's state changes)
-    import pdlab.sim.engine as eng
-
-    old = eng._MAX_PLAN_STEPS
+    old = sim_state._MAX_PLAN_STEPS
     try:
-        eng._MAX_PLAN_STEPS = 1
+        sim_state._MAX_PLAN_STEPS = 1
         step = run(0.5)
     finally:
-        eng._MAX_PLAN_STEPS = old
+        sim_state._MAX_PLAN_STEPS = old
     _assert_same_records(shared, step)
     with pytest.raises(ValueError, match="cpu_contention"):
         InstanceSpec(lat, 10, cpu_contention=-1)
@@ -357,7 +355,7 @@ def test_cpu_contention_slows_iterations_of_instances_sharing_cores():
 
 def test_engine_prefix_lru_equals_kvcache_lru():
     from pdlab.kvcache import LRUBlockCache
-    from pdlab.sim.engine import _PrefixLRU
+    from pdlab.sim.state import _PrefixLRU
 
     rng = np.random.default_rng(3)
     fast, ref = _PrefixLRU(40), LRUBlockCache(40)
@@ -370,7 +368,7 @@ def test_engine_prefix_lru_equals_kvcache_lru():
 
 
 def test_closed_form_plan_counts_steps_like_a_cumulative_sum():
-    from pdlab.sim.engine import _Plan
+    from pdlab.sim.state import _Plan
 
     lat = roofline_latency("h100-sxm", "llama-3-70b", tp=4)
     rng = np.random.default_rng(0)

@@ -5,7 +5,8 @@ Pieces, each replaceable:
 - latency models (:mod:`pdlab.sim.latency`): roofline from the catalog, DistServe-style fitted,
   constant; anything with ``step_time_s(prefill_tokens, prefill_sq_tokens, decode_batch,
   decode_ctx_tokens)`` works;
-- instances and their batch schedulers (:mod:`pdlab.sim.engine`): colocated vLLM-style continuous
+- instances and their batch schedulers (:mod:`pdlab.sim.instance`, specs in :mod:`pdlab.sim.spec`,
+  event loop and KV hand-off in :mod:`pdlab.sim.engine`): colocated vLLM-style continuous
   batching, Sarathi-Serve chunked prefill, prefill-only and decode-only instances, KV memory limit
   with preemption, TP and PP per instance, prefix caching, KV transfer over a link, and the
   hand-off physics of a live engine (decode-side KV reservation, fair link sharing, per-transfer

@@ -1,0 +1,455 @@
+"""One serving instance in the simulation: its queues, KV memory, batch formation and
+completion. Built by :class:`pdlab.sim.engine.Simulator` from an :class:`~pdlab.sim.spec.InstanceSpec`.
+
+Instance roles and schedulers:
+
+- ``colocated`` with ``scheduler="vllm"`` — continuous batching as in vLLM without chunked
+  prefill: an iteration either prefills admitted requests (decodes stall) or decodes all running
+  requests. Prefill has priority.
+- ``colocated`` with ``scheduler="chunked"`` — Sarathi-Serve stall-free batching (OSDI'24 Alg. 3):
+  each iteration holds all running decodes, then ongoing prefill chunks, then new prompts, up to
+  ``token_budget`` tokens.
+- ``prefill`` — prefill-only batches (up to ``max_batched_tokens``); the KV is kept until the
+  transfer to a decode instance has finished.
+- ``decode`` — decode-only batches of requests whose KV has arrived.
+
+KV memory: an instance holds ``kv_capacity_tokens``. A prompt is admitted only when its KV fits;
+each decode step needs one more token per request. When a step does not fit, the most recently
+admitted request is preempted (vLLM's policy): on a colocated instance it is recomputed (its KV is
+dropped and it re-prefills prompt + generated tokens); on a decode instance it is swapped out and
+resumes when memory frees (swap time is not modelled). A request that cannot fit even alone fails
+with an error record.
+
+Prefix caching (``InstanceSpec.prefix_caching``, vLLM's automatic prefix caching): a colocated or
+prefill instance keeps an LRU of ``prefix_block_tokens``-token prefix blocks (as many as its KV
+capacity holds, with the LRU order of :class:`pdlab.kvcache.LRUBlockCache`); a prompt whose leading blocks (its
+``hash_ids``) are cached starts its prefill after them (at least one token is computed). The
+blocks are looked up without side effects and inserted when the prompt is admitted. The KV is
+still held and transferred in full.
+
+Pipeline parallelism: an instance with ``pp`` stages starts a new micro-batch every
+``step / pp`` seconds and a micro-batch completes ``step`` seconds after it started; a request is
+in at most one micro-batch at a time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pdlab.sim import state as _state
+from pdlab.sim.latency import LatencyModel
+from pdlab.sim.spec import InstanceSpec
+from pdlab.sim.state import _DONE, _STAGE, _Batch, _Plan, _PrefixLRU, _Req
+
+if TYPE_CHECKING:
+    from pdlab.sim.engine import Simulator
+
+__all__ = ["Instance"]
+
+
+def _owner(cls: type, name: str) -> type | None:
+    return next((k for k in cls.__mro__ if name in k.__dict__), None)
+
+
+def _has_affine(latency: Any) -> bool:
+    """True when the model's ``decode_affine`` belongs with its ``step_time_s`` (a subclass that
+    overrides only ``step_time_s`` falls back to arrays)."""
+    cls = type(latency)
+    aff = _owner(cls, "decode_affine")
+    if aff is None or aff is LatencyModel:
+        return False
+    return aff is _owner(cls, "step_time_s") and _owner(cls, "decode_times_s") in (aff, LatencyModel)
+
+
+class Instance:
+    """One serving instance (TP × PP GPUs) in the simulation; built from an :class:`InstanceSpec`."""
+
+    def __init__(self, spec: InstanceSpec, name: str, sim: Simulator):
+        self.spec = spec
+        self.name = name
+        self.sim = sim
+        self.role = spec.role
+        self.latency = spec.latency
+        self.pp = max(1, int(getattr(spec.latency, "pp", 1)))
+        self.capacity = int(spec.kv_capacity_tokens)
+        self.kv_used = 0
+        self.waiting: deque[_Req] = deque()      # to prefill (colocated/prefill) or KV arrived (decode)
+        self.prefilling: list[_Req] = []         # chunked: admitted, partly prefilled
+        self.running: list[_Req] = []            # decoding, in admission order
+        self.swapped: deque[_Req] = deque()      # decode role: preempted, waiting for memory
+        self.inflight: list[_Batch] = []
+        self.stage_free_at = 0.0
+        self.iterations = 0
+        self.preemptions = 0
+        self.busy_s = 0.0
+        self.queued_tokens = 0
+        self._affine = _has_affine(spec.latency)
+        self._plain_vllm = spec.scheduler == "vllm" or self.role == "prefill"
+        self.prefix_cache: _PrefixLRU | None = None
+        self.block_tokens = spec.prefix_block_tokens
+        self.hit_tokens = 0
+        self.prompt_tokens_seen = 0
+        if spec.prefix_caching and self.role != "decode":
+            self.prefix_cache = _PrefixLRU(max(1, self.capacity // self.block_tokens))
+        self.cpu_peers: list[Instance] = []      # other instances of the same cpu_group (set by the simulator)
+        self._counted_busy = False               # busy as seen by cpu_peers
+
+    # -- state seen by dispatch policies ----------------------------------------------------------
+    @property
+    def queue_len(self) -> int:
+        return len(self.waiting) + len(self.prefilling) + len(self.swapped)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def load_fraction(self) -> float:
+        return (self.kv_used + self.queued_tokens) / self.capacity
+
+    @property
+    def num_gpus(self) -> int:
+        return self.spec.num_gpus
+
+    # -- entry points -----------------------------------------------------------------------------
+    def enqueue(self, r: _Req, now: float) -> None:
+        """A request reaches this instance (to prefill, or with its KV arrived for decode)."""
+        r.inst = self.name
+        self.waiting.append(r)
+        if self.role != "decode":
+            self.queued_tokens += r.target
+        self.wake(now)
+
+    def wake(self, now: float) -> None:
+        """New work or freed memory: schedule if idle, or cut a running decode plan short."""
+        if not self.inflight:
+            self.try_schedule(now)
+            return
+        if self.pp == 1:
+            b = self.inflight[0]
+            if b.n_steps > 1 and b.end > now:
+                keep = b.steps_done_before(now) + 1
+                if keep < b.n_steps:
+                    self._truncate(b, keep)
+        elif self.stage_free_at <= now and len(self.inflight) < self.pp:
+            self.try_schedule(now)
+
+    def _truncate(self, b: _Batch, keep: int) -> None:
+        drop = b.n_steps - keep
+        self.kv_used -= drop * len(b.decodes)
+        for r in b.decodes:
+            r.kv -= drop
+        b.valid = False
+        self.iterations -= drop
+        if b.plan is not None:
+            nb = _Batch(b.prefill, b.decodes, b.start, None, b.plan.elapsed(keep), b.plan, keep)
+        else:
+            nb = _Batch(b.prefill, b.decodes, b.start, b.ends[:keep], float(b.ends[keep - 1] - b.start))
+        self.busy_s -= b.duration - nb.duration
+        self.inflight[0] = nb
+        self.stage_free_at = nb.end
+        self.sim._push(nb.end, _DONE, self, nb)
+
+    # -- CPU sharing --------------------------------------------------------------------------------
+    def _slowdown(self) -> float:
+        """Iteration-time factor from busy instances that share this one's CPU cores."""
+        busy = sum(1 for p in self.cpu_peers if p._counted_busy)
+        return 1.0 + self.spec.cpu_contention * busy
+
+    def _busy_changed(self, now: float) -> None:
+        """This instance started or stopped working: re-plan the peers' multi-step decode runs."""
+        for p in self.cpu_peers:
+            if p.inflight and p.pp == 1:
+                p.wake(now)
+
+    # -- scheduling -------------------------------------------------------------------------------
+    def try_schedule(self, now: float) -> None:
+        while len(self.inflight) < self.pp and self.stage_free_at <= now + 1e-12:
+            b = self._form_batch(now)
+            if b is None:
+                break
+            self.inflight.append(b)
+            self.iterations += b.n_steps
+            self.busy_s += b.duration
+            if self.pp == 1:
+                self.stage_free_at = b.end
+                self.sim._push(b.end, _DONE, self, b)
+            else:
+                self.stage_free_at = now + b.duration / self.pp
+                self.sim._push(b.end, _DONE, self, b)
+                self.sim._push(self.stage_free_at, _STAGE, self, None)
+                break
+        if self.cpu_peers and self.inflight and not self._counted_busy:
+            self._counted_busy = True
+            self._busy_changed(now)
+
+    def _fail(self, r: _Req, now: float, why: str) -> None:
+        r.error = why
+        r.finish = None
+        self.sim._finished(r, now)
+
+    def cached_prefix_tokens(self, r: _Req) -> int:
+        """Tokens of ``r``'s prompt found in this instance's prefix cache (no side effects)."""
+        cache = self.prefix_cache
+        if cache is None or not r.req.hash_ids:
+            return 0
+        return max(0, min(cache.match(r.req.hash_ids) * self.block_tokens, r.target - 1))
+
+    def _admit_prefills(self, now: float, budget: int, max_new: int) -> list[tuple[_Req, int]]:
+        """FCFS admission from ``waiting``: KV for the whole prefill target must fit. With prefix
+        caching the prefill starts after the cached prefix."""
+        items: list[tuple[_Req, int]] = []
+        waiting = self.waiting
+        cache = self.prefix_cache
+        plain = self._plain_vllm
+        while waiting and budget > 0 and max_new > 0:
+            r = waiting[0]
+            target = r.target
+            if target > self.capacity:
+                waiting.popleft()
+                self.queued_tokens -= target
+                self._fail(r, now, f"prompt of {target} tokens exceeds the KV capacity of {self.name} "
+                                   f"({self.capacity} tokens)")
+                continue
+            if self.kv_used + target > self.capacity:
+                break
+            cached = self.cached_prefix_tokens(r) if cache is not None else 0
+            todo = target - cached
+            chunk = todo if plain else min(todo, budget)
+            if items and chunk > budget:
+                break
+            waiting.popleft()
+            if cache is not None and r.req.hash_ids:
+                cache.insert(r.req.hash_ids)
+                self.hit_tokens += cached
+                self.prompt_tokens_seen += target
+            self.queued_tokens -= target
+            self.kv_used += target
+            r.kv = target
+            r.prefilled = cached
+            items.append((r, chunk))
+            budget -= chunk
+            max_new -= 1
+        return items
+
+    def _ensure_decode_room(self, now: float, decodes: list[_Req]) -> list[_Req]:
+        """Make room for one more token per decode: fail requests that can never fit, give back
+        partial prefills, then preempt the most recently admitted running requests."""
+        while decodes and self.kv_used + len(decodes) > self.capacity:
+            victim = decodes[-1]
+            if victim.kv + 1 > self.capacity:
+                decodes.pop()
+                self.running.remove(victim)
+                self._release(victim)
+                self._fail(victim, now, f"context of {victim.prompt + victim.generated} tokens exceeds the KV "
+                                        f"capacity of {self.name} ({self.capacity} tokens)")
+                continue
+            idle_partial = [p for p in self.prefilling if not p.busy]
+            if idle_partial:
+                p = idle_partial[-1]
+                self.prefilling.remove(p)
+                self._requeue(p)
+                continue
+            decodes.pop()
+            self.running.remove(victim)
+            self._preempt(victim)
+        return decodes
+
+    def _requeue(self, r: _Req) -> None:
+        self.kv_used -= r.kv
+        r.kv = 0
+        r.prefilled = 0
+        r.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(r)
+        self.queued_tokens += r.target
+
+    def _preempt(self, r: _Req) -> None:
+        if self.role == "decode":       # swap out: KV leaves the GPU, comes back when memory frees
+            self.kv_used -= r.kv
+            r.preemptions += 1
+            self.preemptions += 1
+            self.swapped.appendleft(r)
+        else:                           # recompute: drop the KV, prefill prompt + generated again
+            r.target = r.prompt + r.generated
+            self._requeue(r)
+
+    def _admit_decodes(self, free_decodes: list[_Req]) -> None:
+        """Decode role: swapped-out requests first, then requests whose KV arrived."""
+        spec = self.spec
+        running = self.running
+        while self.swapped and self.kv_used + self.swapped[0].kv + len(running) + 1 <= self.capacity \
+                and len(running) < spec.max_num_seqs:
+            r = self.swapped.popleft()
+            self.kv_used += r.kv
+            running.append(r)
+            free_decodes.append(r)
+        waiting = self.waiting
+        while waiting and len(running) < spec.max_num_seqs:
+            r = waiting[0]
+            if r.staged:                # KV in host memory: needs GPU room now
+                if self.kv_used + r.kv + len(running) + 1 > self.capacity:
+                    break
+                self.kv_used += r.kv
+                self.queued_tokens -= r.kv
+                r.staged = False
+            waiting.popleft()
+            running.append(r)
+            free_decodes.append(r)
+
+    def _form_batch(self, now: float) -> _Batch | None:
+        spec = self.spec
+        role = self.role
+        free_decodes = [r for r in self.running if not r.busy] if self.pp > 1 else list(self.running)
+        prefill: list[tuple[_Req, int]] = []
+        decodes: list[_Req] = []
+        if role == "decode":
+            if self.swapped or self.waiting:
+                self._admit_decodes(free_decodes)
+            decodes = self._ensure_decode_room(now, free_decodes) if free_decodes else free_decodes
+        elif role == "prefill" or spec.scheduler == "vllm":
+            max_new = spec.max_num_seqs - len(self.running) if role == "colocated" else spec.max_num_seqs
+            if self.waiting:
+                prefill = self._admit_prefills(now, spec.max_batched_tokens, max_new)
+            if not prefill and role == "colocated" and free_decodes:
+                decodes = self._ensure_decode_room(now, free_decodes)
+        else:  # chunked, stall-free: decodes, ongoing prefills, new prefills
+            decodes = self._ensure_decode_room(now, free_decodes)
+            budget = spec.token_budget - len(decodes)
+            for r in self.prefilling:
+                if budget <= 0:
+                    break
+                if r.busy:
+                    continue
+                chunk = min(r.target - r.prefilled, budget)
+                prefill.append((r, chunk))
+                budget -= chunk
+            if budget > 0:
+                new = self._admit_prefills(now, budget, spec.max_num_seqs - len(self.running) - len(self.prefilling))
+                self.prefilling.extend(r for r, _ in new)
+                prefill.extend(new)
+        if not prefill and not decodes:
+            return None
+        slow = self._slowdown() if self.cpu_peers else 1.0
+        n_dec = len(decodes)
+        if prefill:
+            p_tokens = 0
+            p_sq = 0
+            for r, c in prefill:
+                r.busy = True
+                p_tokens += c
+                p_sq += c * (2 * r.prefilled + c)
+            ctx = 0
+            for r in decodes:
+                ctx += r.kv
+                r.kv += 1
+                r.busy = True
+            self.kv_used += n_dec
+            t = self.latency.step_time_s(p_tokens, float(p_sq), n_dec, ctx)
+            return _Batch(prefill, decodes, now, None, t * slow if slow != 1.0 else t)
+        # pure decode: plan several steps when nothing else can join until a request finishes
+        ctx = 0
+        k = 1
+        if self.pp == 1:
+            remaining = _state._MAX_PLAN_STEPS
+            for r in decodes:
+                ctx += r.kv
+                left = r.output - r.generated
+                if left < remaining:
+                    remaining = left
+            room = (self.capacity - self.kv_used) // n_dec
+            k = max(1, min(remaining, room))
+        else:
+            for r in decodes:
+                ctx += r.kv
+        for r in decodes:
+            r.kv += k
+            r.busy = True
+        self.kv_used += k * n_dec
+        if k == 1:
+            t = self.latency.step_time_s(0, 0.0, n_dec, ctx)
+            return _Batch([], decodes, now, None, t * slow if slow != 1.0 else t)
+        if self._affine:
+            plan = _Plan(self.latency.decode_affine(n_dec), ctx, n_dec, k, slow)
+            return _Batch([], decodes, now, None, plan.elapsed(k), plan, k)
+        steps = self.latency.decode_times_s(n_dec, ctx + n_dec * np.arange(k))
+        if slow != 1.0:
+            steps = steps * slow
+        ends = now + np.cumsum(steps)
+        return _Batch([], decodes, now, ends, float(ends[-1] - now))
+
+    # -- completion -------------------------------------------------------------------------------
+    def complete(self, b: _Batch, now: float) -> None:
+        if not b.valid:
+            return
+        inflight = self.inflight
+        if inflight[0] is b:
+            del inflight[0]
+        else:
+            inflight.remove(b)
+        sim = self.sim
+        k = b.n_steps
+        record = sim.record_token_times
+        times = b.step_ends() if record and k > 1 else None
+        for r in b.decodes:
+            r.busy = False
+            if r.finish is not None or r.error:
+                continue
+            r.generated += k
+            if record:
+                if times is not None:
+                    r.times.frombytes(times.tobytes())
+                else:
+                    r.times.append(now)
+            if r.generated >= r.output:
+                self._release(r)
+                self.running.remove(r)
+                r.finish = now
+                sim._finished(r, now)
+        if b.prefill:
+            self._complete_prefill(b, now)
+        if self.role == "decode":
+            sim._start_pulls(self, now)
+        self.try_schedule(now)
+        if self.cpu_peers and not self.inflight and self._counted_busy:
+            self._counted_busy = False
+            self._busy_changed(now)
+
+    def _complete_prefill(self, b: _Batch, now: float) -> None:
+        sim = self.sim
+        for r, chunk in b.prefill:
+            r.busy = False
+            if r.error:
+                continue
+            r.prefilled += chunk
+            r.last_prefill_s = b.duration
+            if r.prefilled < r.target:
+                continue
+            if r in self.prefilling:
+                self.prefilling.remove(r)
+            r.generated += 1            # a finished prefill produces the next token
+            if r.first is None:
+                r.first = now
+            if r.times is not None:
+                r.times.append(now)
+            if r.generated >= r.output:
+                self._release(r)
+                r.finish = now
+                sim._finished(r, now)
+            elif self.role == "prefill":
+                r.prefill_inst = self.name
+                sim._prefill_done(self, r, now)
+            else:
+                self.running.append(r)
+
+    def _release(self, r: _Req) -> None:
+        self.kv_used -= r.kv
+        r.kv = 0
+
+    def hand_over_kv(self, r: _Req, now: float) -> None:
+        """The KV of ``r`` has left this (prefill) instance; ``r.kv`` now counts on the receiver."""
+        self.kv_used -= r.kv
+        self.wake(now)
