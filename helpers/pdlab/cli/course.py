@@ -27,9 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     e = csub.add_parser("export", help="turn an executed notebook into a write-up")
     e.add_argument("notebook", type=Path)
-    e.add_argument("--to", default="html", choices=["html", "markdown"])
+    e.add_argument("--to", default="html", choices=["html", "pdf", "markdown"],
+                   help="html and pdf render math offline (MathML); pdf prints with the system Chromium")
     e.add_argument("--out", type=Path)
-    e.add_argument("--no-input", action="store_true", help="hide code cells")
+    shown = e.add_mutually_exclusive_group()
+    shown.add_argument("--no-input", action="store_true", help="hide all code cells")
+    shown.add_argument("--writeup", action="store_true",
+                       help="a student's write-up: exercise answers' code, check verdicts and plots, no other code")
+    e.add_argument("--json", action="store_true")
     e.set_defaults(func=_export)
 
     k = csub.add_parser("kernel", help="register the course's Jupyter kernel in this environment")
@@ -67,12 +72,15 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from pdlab.course import export
+    from pdlab.course import ChromiumNotFoundError, export
 
     if not args.notebook.exists():
         raise CLIError(f"no such notebook: {args.notebook}")
-    out = export(args.notebook, to=args.to, out=args.out, no_input=args.no_input)
-    print(out)
+    try:
+        out = export(args.notebook, to=args.to, out=args.out, no_input=args.no_input, writeup=args.writeup)
+    except ChromiumNotFoundError as exc:
+        raise CLIError(str(exc)) from exc
+    emit({"out": str(out), "format": args.to}, args.json, str(out))
     return 0
 
 
