@@ -9,6 +9,10 @@ import math
 import numpy as np
 import pytest
 from pdlab.calibrate import (
+    TTFT_PHASES,
+    live_ttft_phases,
+    offered_prefill_load,
+    sim_ttft_phases,
     ERROR_COLUMNS,
     PROBE_PLANS,
     ProbePlan,
@@ -289,3 +293,26 @@ def test_lab05_checks_pass_fail_and_not_attempted(monkeypatch):
     monkeypatch.setenv("PDLAB_STRICT_CHECKS", "1")
     with pytest.raises(AssertionError):
         check_attainment_diff(0.5, live, sim, slo)
+
+
+def test_ttft_phases_live_and_simulated_add_up_and_load_is_work_over_span():
+    parts = {"proxy": 0.001, "prefill front end": 0.01, "prefill queue": 0.02, "prefill compute": 0.1,
+             "decode front end": 0.03, "decode queue": 0.005, "KV transfer": 0.004, "decode first step": 0.02}
+    live = live_ttft_phases(parts)
+    assert list(live) == list(TTFT_PHASES)
+    assert math.isclose(live["prefill side"], 0.131) and math.isclose(live["decode side"], 0.055)
+    assert math.isclose(sum(live.values()), sum(parts.values()))
+    with pytest.raises(KeyError):
+        live_ttft_phases({"proxy": 0.0})
+    reqs = make_requests([0.0, 0.05], 300, 12)
+    link = {"latency_s": 0.02, "s_per_token": 1e-5}
+    recs = simulate_like_live(reqs, "disaggregated", TRUE, kv_link=link, cpu_contention={})
+    sim = sim_ttft_phases(recs)
+    assert math.isclose(sum(sim.values()), float(np.mean([r.ttft_s for r in recs])), rel_tol=1e-9)
+    assert math.isclose(sim["KV transfer"], 0.02 + 300 * 1e-5, rel_tol=1e-9)
+    with pytest.raises(ValueError, match="hand-off"):
+        sim_ttft_phases(simulate_like_live(reqs, "colocated", TRUE))
+    # two requests 0.05 s apart: rate 1/0.05 = 20 req/s, each prefill TRUE.prefill_time_s([300])
+    assert math.isclose(offered_prefill_load(reqs, TRUE), 20 * TRUE.prefill_time_s([300]), rel_tol=1e-9)
+    with pytest.raises(ValueError, match="at once"):
+        offered_prefill_load(make_requests([0.0, 0.0], 10, 2), TRUE)

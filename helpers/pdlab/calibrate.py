@@ -64,6 +64,10 @@ __all__ = [
     "simulate_like_live",
     "compare_runs",
     "error_table",
+    "TTFT_PHASES",
+    "live_ttft_phases",
+    "sim_ttft_phases",
+    "offered_prefill_load",
     "ERROR_COLUMNS",
 ]
 
@@ -641,3 +645,50 @@ def error_table(rows: Sequence[Mapping[str, Any]]):
     df = pd.DataFrame(list(rows))
     cols = [c for c in ERROR_COLUMNS if c in df.columns] + [c for c in df.columns if c not in ERROR_COLUMNS]
     return df[cols]
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the TTFT goes, live and simulated
+
+#: The three phases of a disaggregated TTFT that both the live breakdown and the simulator have.
+TTFT_PHASES = ("prefill side", "KV transfer", "decode side")
+
+#: Which parts of a live breakdown (:mod:`pdlab.serve.ttft`) make up each phase.
+_LIVE_PHASE_PARTS = {"prefill side": ("proxy", "prefill front end", "prefill queue", "prefill compute"),
+                     "KV transfer": ("KV transfer",),
+                     "decode side": ("decode front end", "decode queue", "decode first step")}
+
+
+def live_ttft_phases(parts: Mapping[str, float]) -> dict[str, float]:
+    """A live disaggregated TTFT breakdown's parts (s, ``TTFTBreakdown.parts``) summed into
+    :data:`TTFT_PHASES`: prefill side (proxy, prefill front end, queue and compute), the KV
+    transfer, decode side (decode front end, queue, first step). Raises KeyError on a missing part."""
+    return {phase: float(sum(parts[k] for k in keys)) for phase, keys in _LIVE_PHASE_PARTS.items()}
+
+
+def sim_ttft_phases(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Mean :data:`TTFT_PHASES` (s) of simulated disaggregated records: arrival → KV transfer start,
+    the transfer, transfer end → first token. Raises ValueError without hand-off records."""
+    rows = [(r.extra["kv_transfer_start_s"] - r.arrival_s, r.extra["kv_transfer_end_s"] - r.extra["kv_transfer_start_s"],
+             r.first_token_s - r.extra["kv_transfer_end_s"])
+            for r in records if r.ok and r.first_token_s is not None and "kv_transfer_start_s" in r.extra]
+    if not rows:
+        raise ValueError("no simulated record has a KV hand-off (is this a disaggregated run?)")
+    means = np.mean(np.array(rows), axis=0)
+    return dict(zip(TTFT_PHASES, (float(x) for x in means), strict=True))
+
+
+def offered_prefill_load(requests: Sequence[Request], latency: FittedLatency) -> float:
+    """Utilisation the prompts alone ask of one server: Σ isolated prefill times / arrival span.
+
+    Near 1 the queue (and so TTFT) is extremely sensitive to the server's speed: a few percent of
+    unmodelled slowdown becomes a large TTFT error. Raises ValueError for fewer than 2 requests.
+    """
+    if len(requests) < 2:
+        raise ValueError(f"need >= 2 requests to define an arrival span, got {len(requests)}")
+    arrivals = [r.arrival_s for r in requests]
+    span = max(arrivals) - min(arrivals)
+    if span <= 0:
+        raise ValueError("all requests arrive at once: no arrival span")
+    n = len(requests)
+    return sum(latency.prefill_time_s([r.prompt_tokens]) for r in requests) * (n - 1) / n / span
