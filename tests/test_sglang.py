@@ -11,7 +11,7 @@ from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 from pdlab.serve.sglang import SGLangPD, gpu_commands, router_argv, sglang_server_argv, sglang_status
 from pdlab.serve.standin import make_standin_app, read_wire_log
-from pdlab.streaming import outcome_record, stream_request
+from pdlab.serve.streaming import outcome_record, stream_request
 
 
 def test_server_argv_per_mode_and_errors():

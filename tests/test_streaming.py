@@ -1,4 +1,4 @@
-"""pdlab.streaming: one streamed request against a scripted SSE server, and its RequestRecord."""
+"""pdlab.serve.streaming: one streamed request against a scripted SSE server, and its RequestRecord."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
-from pdlab.streaming import StreamOutcome, outcome_record, request_path, stream_request
+from pdlab.serve.streaming import StreamOutcome, outcome_record, request_path, stream_request
 
 
 def _sse(obj) -> bytes:

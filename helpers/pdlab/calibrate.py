@@ -3,7 +3,7 @@
 Three steps, each a function here:
 
 1. **Probe** a live OpenAI-compatible server (vLLM) with the benchmark client
-   (:func:`pdlab.bench.run_bench`): single prompts of L tokens with ``max_tokens=1`` give the
+   (:func:`pdlab.serve.bench.run_bench`): single prompts of L tokens with ``max_tokens=1`` give the
    prefill step time (their TTFT); N concurrent streams of P-token prompts with O output tokens
    give the decode step time at batch N and context ≈ P + O/2 (their TPOT); single requests sent
    through a disaggregation proxy give the KV hand-off (proxy + transfer + decode's first step).
@@ -138,7 +138,7 @@ PROBE_PLANS: dict[str, ProbePlan] = {
 
 def _bench(url: str, requests: list[Request], *, seed: int, max_concurrency: int | None = None,
            **kwargs: Any) -> list[RequestRecord]:
-    from pdlab.bench import run_bench
+    from pdlab.serve.bench import run_bench
 
     res = run_bench(url, requests, progress=False, seed=seed, max_concurrency=max_concurrency, **kwargs)
     bad = [r.error for r in res.records if not r.ok]

@@ -37,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdlab.bench import build_workload, format_summary, run_bench
     from pdlab.metrics import SLO
+    from pdlab.serve.bench import build_workload, format_summary, run_bench
 
     if args.rate <= 0:
         raise CLIError(f"--rate must be positive, got {args.rate}")

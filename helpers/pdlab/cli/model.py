@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from pdlab.modelbuild import build_model
+    from pdlab.serve.modelbuild import build_model
 
     try:
         result = build_model(args.preset, args.out, seed=args.seed, overwrite=args.force, base=args.base)

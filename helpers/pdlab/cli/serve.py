@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _model(arg: str | None) -> str:
     if arg:
         return arg
-    from pdlab.modelbuild import tiny_model_dir
+    from pdlab.serve.modelbuild import tiny_model_dir
 
     return str(tiny_model_dir())
 

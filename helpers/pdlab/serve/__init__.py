@@ -3,7 +3,9 @@
 Submodules: ``process`` (process groups, ports, hygiene), ``vllm`` (one vLLM server and its
 KV-connector config), ``deploy`` (colocated / xPyD deployments), ``proxy`` (the
 ``kv_transfer_params`` proxy), ``evidence`` (``/metrics`` → KV tokens transferred vs recomputed),
-``sglang`` (SGLang PD commands and the router demo). Nothing starts at import time.
+``sglang`` (SGLang PD commands and the router demo), ``bench`` (the benchmark client, ``pdlab bench``),
+``streaming`` (one streamed request → ``RequestRecord``), ``modelbuild`` (the tiny model). Nothing starts
+at import time.
 """
 
 from pdlab.serve.deploy import Deployment, colocated, disaggregated, start_proxy

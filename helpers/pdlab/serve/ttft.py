@@ -248,7 +248,7 @@ def streamed_ttft(url: str, model: str, prompt_token_ids: Sequence[int], max_tok
     """
     from aiohttp import ClientSession
 
-    from pdlab.streaming import run_sync, stream_request
+    from pdlab.serve.streaming import run_sync, stream_request
 
     body = {"model": model, "prompt": list(prompt_token_ids), "max_tokens": max_tokens, "ignore_eos": True,
             "temperature": 0.0}

@@ -139,7 +139,7 @@ class VLLMServerSpec:
 
     def argv(self) -> list[str]:
         """The command line (``python -m vllm.entrypoints.openai.api_server ...``)."""
-        from pdlab.modelbuild import needs_dummy_weights
+        from pdlab.serve.modelbuild import needs_dummy_weights
 
         device = self.resolved_device()
         model = str(Path(self.model).resolve()) if Path(self.model).is_dir() else str(self.model)

@@ -30,7 +30,7 @@ import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, summarize
 from pdlab.paths import build_dir
-from pdlab.streaming import outcome_record, run_sync, stream_request
+from pdlab.serve.streaming import outcome_record, run_sync, stream_request
 from pdlab.workloads import Request, gamma_arrivals, make_requests, named_workload, with_rate
 from pdlab.workloads.tokens import single_token_words
 

@@ -5,7 +5,7 @@
 that carries ``choices``: the timing rule of ``vllm bench serve`` (vLLM's
 ``benchmarks/lib/endpoint_request_func.py``), where a chunk counts even if its text is empty
 and a chunk holding several tokens counts once. :func:`outcome_record` turns the outcome into a
-:class:`pdlab.metrics.RequestRecord` for both :mod:`pdlab.bench` (open-loop benchmarks) and
+:class:`pdlab.metrics.RequestRecord` for both :mod:`pdlab.serve.bench` (open-loop benchmarks) and
 :mod:`pdlab.router.client` (router runs, agent sessions). :func:`run_sync` runs either from plain
 code or Jupyter.
 """
