@@ -650,27 +650,28 @@ def error_table(rows: Sequence[Mapping[str, Any]]):
 # ---------------------------------------------------------------------------------------------
 # Where the TTFT goes, live and simulated
 
-#: The three phases of a disaggregated TTFT that both the live breakdown and the simulator have.
-TTFT_PHASES = ("prefill side", "KV transfer", "decode side")
+#: The two phases of a disaggregated TTFT that both the live breakdown and the simulator have.
+TTFT_PHASES = ("prefill side", "hand-off to first token")
 
 #: Which parts of a live breakdown (:mod:`pdlab.serve.ttft`) make up each phase.
 _LIVE_PHASE_PARTS = {"prefill side": ("proxy", "prefill front end", "prefill queue", "prefill compute"),
-                     "KV transfer": ("KV transfer",),
-                     "decode side": ("decode front end", "decode queue", "decode first step")}
+                     "hand-off to first token": ("decode front end", "decode queue", "KV transfer",
+                                                 "decode first step")}
 
 
 def live_ttft_phases(parts: Mapping[str, float]) -> dict[str, float]:
     """A live disaggregated TTFT breakdown's parts (s, ``TTFTBreakdown.parts``) summed into
-    :data:`TTFT_PHASES`: prefill side (proxy, prefill front end, queue and compute), the KV
-    transfer, decode side (decode front end, queue, first step). Raises KeyError on a missing part."""
+    :data:`TTFT_PHASES`: the prefill side (proxy, prefill front end, queue and compute) and the
+    hand-off to the first token (decode front end, queue, KV transfer, first step). Raises KeyError
+    on a missing part."""
     return {phase: float(sum(parts[k] for k in keys)) for phase, keys in _LIVE_PHASE_PARTS.items()}
 
 
 def sim_ttft_phases(records: Sequence[RequestRecord]) -> dict[str, float]:
-    """Mean :data:`TTFT_PHASES` (s) of simulated disaggregated records: arrival → KV transfer start,
-    the transfer, transfer end → first token. Raises ValueError without hand-off records."""
-    rows = [(r.extra["kv_transfer_start_s"] - r.arrival_s, r.extra["kv_transfer_end_s"] - r.extra["kv_transfer_start_s"],
-             r.first_token_s - r.extra["kv_transfer_end_s"])
+    """Mean :data:`TTFT_PHASES` (s) of simulated disaggregated records: arrival → start of the KV
+    pull, and from there to the first token (the fitted hand-off, the decode queue and first step).
+    Raises ValueError without hand-off records."""
+    rows = [(r.extra["kv_transfer_start_s"] - r.arrival_s, r.first_token_s - r.extra["kv_transfer_start_s"])
             for r in records if r.ok and r.first_token_s is not None and "kv_transfer_start_s" in r.extra]
     if not rows:
         raise ValueError("no simulated record has a KV hand-off (is this a disaggregated run?)")
