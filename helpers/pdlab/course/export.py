@@ -109,7 +109,8 @@ _TEMPLATE = (
     "{%- extends 'index.html.j2' -%}\n"
     "{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}\n"
     "{% block extra_css %}<style>math[display=block] { margin: 0.6em 0; font-size: 1.1em; }\n"
-    ".jp-RenderedHTMLCommon table { font-variant-numeric: tabular-nums; }</style>{% endblock extra_css %}\n"
+    ".jp-RenderedHTMLCommon table { font-variant-numeric: tabular-nums; }\n"
+    "@media print { pre { white-space: pre-wrap; overflow-wrap: anywhere; } }</style>{% endblock extra_css %}\n"
 )
 
 
@@ -168,7 +169,7 @@ _PLOTS_TO_IMAGES = """async () => {
   return divs.length;
 }"""
 # No emoji font on a bare Debian: the checks' verdict symbols print as boxes, so swap in DejaVu's.
-_PRINTABLE_SYMBOLS = {"✅": "✔", "❌": "✘", "⏳": "⌛"}
+_PRINTABLE_SYMBOLS = {"✅": "✔", "❌": "✘", "⏳": "○"}
 
 
 def _print_pdf(html: str, chromium: str, *, paginate: bool = True, timeout_s: float = 120.0) -> bytes:
