@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from aiohttp import web
+from aiohttp import ClientTimeout, web
 from aiohttp.test_utils import TestClient, TestServer
 from pdlab.cli import main as cli_main
 from pdlab.metrics import SLO
@@ -32,7 +32,14 @@ from pdlab.serve.process import (
     spawn,
     wait_http_ok,
 )
-from pdlab.serve.proxy import ProxyConfig, decode_request, make_app, prefill_request
+from pdlab.serve.proxy import (
+    ProxyConfig,
+    attach_client_session,
+    decode_request,
+    make_app,
+    prefill_request,
+    relay,
+)
 from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, kv_transfer_config
 
 
@@ -238,6 +245,95 @@ async def test_decode_dying_mid_stream_ends_with_an_error_event_in_bounded_time(
         await client.close()
         await p.close()
         await d.close()
+
+
+async def _relay_client(backend_url: str, results: list, **kw) -> TestClient:
+    """A one-route app that hands every request to :func:`relay` (the proxy's and the router's)."""
+    stats = {"ok": 0, "client_errors": 0, "backend_errors": 0}
+    chunks: list = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        response, ok = await relay(request, backend_url, await request.json(), stats=stats, who="test backend",
+                                   error_kind="test_error", response_headers={"X-Test": "yes"},
+                                   on_chunk=lambda c, at: chunks.append((c, at)), **kw)
+        results.append((ok, dict(stats), list(chunks)))
+        return response
+
+    app = web.Application()
+    attach_client_session(app, ClientTimeout(total=None, connect=2.0, sock_read=5.0))
+    app.router.add_post("/v1/completions", handle)
+    client = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    return client
+
+
+@sync
+async def test_relay_streams_success_and_decides_every_failure():
+    log: list = []
+    ok_b = await _serve(_backend("ok", log, tokens=3))
+    no_b = await _serve(_backend("no", log, status=422))
+    bad_b = await _serve(_backend("bad", log, status=503))
+    dying = await _serve(_backend("dying", log, die_after=1, delay_s=0.01))
+    dead = f"http://127.0.0.1:{free_port()}"
+    body = {"model": "m", "prompt": "x", "stream": True, "max_tokens": 3}
+    try:
+        # success: every chunk passed on, on_chunk after each with its arrival time, ok counted
+        results: list = []
+        client = await _relay_client(_url(ok_b), results)
+        t0 = time.perf_counter()
+        resp = await client.post("/v1/completions", json=body)
+        text = await resp.text()
+        assert resp.status == 200 and resp.headers["X-Test"] == "yes"
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        assert [e["choices"][0]["text"] for e in _sse_texts(text) if e["choices"]] == ["t0", "t1", "t2"]
+        ok, stats, chunks = results[-1]
+        assert ok and stats == {"ok": 1, "client_errors": 0, "backend_errors": 0}
+        assert b"".join(c for c, _ in chunks).decode() == text
+        assert all(t0 < at < time.perf_counter() for _, at in chunks)
+        await client.close()
+        # a 4xx is the client's fault: passed on with its status; anything else is a 502
+        for url, status, counter in ((_url(no_b), 422, "client_errors"), (_url(bad_b), 502, "backend_errors"),
+                                     (dead, 502, "backend_errors")):
+            results = []
+            client = await _relay_client(url, results)
+            resp = await client.post("/v1/completions", json=body)
+            assert resp.status == status and resp.headers["X-Test"] == "yes", url
+            ok, stats, chunks = results[-1]
+            assert not ok and stats[counter] == 1 and stats["ok"] == 0 and not chunks
+            await client.close()
+        # cut mid-stream: an SSE error event of the caller's kind ends the stream
+        results = []
+        client = await _relay_client(_url(dying), results)
+        resp = await client.post("/v1/completions", json={**body, "max_tokens": 10})
+        events = _sse_texts(await resp.text())
+        assert events[-1]["error"]["type"] == "test_error" and "test backend" in events[-1]["error"]["message"]
+        assert results[-1][0] is False and results[-1][1]["backend_errors"] == 1
+        await client.close()
+    finally:
+        for s in (ok_b, no_b, bad_b, dying):
+            await s.close()
+
+
+@sync
+async def test_relay_gives_504_when_the_backend_sends_no_answer_head_in_time():
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", slow)
+    backend = await _serve(app)
+    results: list = []
+    client = await _relay_client(_url(backend), results, first_byte_timeout_s=0.3)
+    try:
+        t0 = time.monotonic()
+        resp = await client.post("/v1/completions", json={"model": "m", "prompt": "x"})
+        assert resp.status == 504 and time.monotonic() - t0 < 3
+        assert (await resp.json())["error"]["type"] == "test_error"
+        assert results[-1][1]["backend_errors"] == 1
+    finally:
+        await client.close()
+        await backend.close()
 
 
 def test_make_app_needs_both_roles():

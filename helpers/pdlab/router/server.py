@@ -25,7 +25,6 @@ Run: ``pdlab router serve --colocated http://127.0.0.1:8100 --disaggregated http
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import time
@@ -33,7 +32,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import ClientError, ClientTimeout, web
+from aiohttp import ClientTimeout, web
 
 from pdlab.router.policies import (
     LoadEstimator,
@@ -49,6 +48,7 @@ from pdlab.serve.proxy import (
     error_response,
     health_response,
     read_request,
+    relay,
 )
 
 __all__ = ["RouterConfig", "RouterServer", "make_router_app", "prompt_counter", "request_key", "InFlight"]
@@ -236,53 +236,30 @@ def make_router_app(config: RouterConfig) -> web.Application:
                 in_decode = False
             inflight[url].requests -= 1
 
-        headers = {"X-Route": target, "X-Predicted-Output-Tokens": f"{rr.predicted_output_tokens:.1f}"}
+        headers = {"X-Route": target, "X-Predicted-Output-Tokens": f"{rr.predicted_output_tokens:.1f}",
+                   "X-Backend-Url": url}
         if "X-Request-Id" in request.headers:
             headers["X-Request-Id"] = request.headers["X-Request-Id"]
         fwd = {k: v for k, v in request.headers.items() if k in ("Authorization", "X-Request-Id")}
-        session = client_session(request)
-        response: web.StreamResponse | None = None
         seen = bytearray()
+
+        def on_chunk(chunk: bytes, arrived: float) -> None:
+            first_token()
+            seen.extend(chunk)
+
         t0 = time.perf_counter()
         try:
-            async with asyncio.timeout(config.first_byte_timeout_s):
-                resp = await session.post(url + request.path, json=body, headers=fwd)
-            async with resp:
-                if resp.status != 200:
-                    payload = await resp.read()
-                    config.stats["client_errors" if 400 <= resp.status < 500 else "backend_errors"] += 1
-                    status = resp.status if 400 <= resp.status < 500 else 502
-                    return web.Response(status=status, body=payload, content_type="application/json",
-                                        headers=headers)
-                response = web.StreamResponse(status=200, headers={
-                    "Content-Type": resp.headers.get("Content-Type", "application/json"), **headers,
-                    "X-Backend-Url": url})
-                await response.prepare(request)
-                async for chunk in resp.content.iter_any():
-                    first_token()
-                    seen.extend(chunk)
-                    await response.write(chunk)
-        except (ClientError, OSError, TimeoutError) as exc:
-            config.stats["backend_errors"] += 1
-            message = f"{target} backend {url} failed: {type(exc).__name__}: {exc}"
-            if response is None:
-                return _error(504 if isinstance(exc, TimeoutError) else 502, message)
-            if stream:
-                err = {"error": {"message": message, "type": "router_error", "code": 502}}
-                try:
-                    await response.write(f"data: {json.dumps(err)}\n\n".encode())
-                except (ConnectionError, RuntimeError):
-                    pass
-            return response
+            response, ok = await relay(request, url, body, stats=config.stats, who=f"{target} backend",
+                                       error_kind="router_error", forward_headers=fwd, response_headers=headers,
+                                       first_byte_timeout_s=config.first_byte_timeout_s, on_chunk=on_chunk)
         finally:
             done()
-        n_out = _count_output(bytes(seen), stream)
-        if n_out:
-            config.predictor.observe(p, n_out, rr.key)
-        config.stats["ok"] += 1
-        config.stats.setdefault("seconds", 0.0)
-        config.stats["seconds"] += time.perf_counter() - t0
-        await response.write_eof()
+        if ok:
+            n_out = _count_output(bytes(seen), stream)
+            if n_out:
+                config.predictor.observe(p, n_out, rr.key)
+            config.stats.setdefault("seconds", 0.0)
+            config.stats["seconds"] += time.perf_counter() - t0
         return response
 
     async def health(request: web.Request) -> web.Response:

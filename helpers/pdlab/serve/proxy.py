@@ -29,14 +29,15 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 __all__ = ["ProxyConfig", "ProxyTiming", "make_app", "prefill_request", "decode_request", "validate_request", "read_request",
-           "attach_client_session", "client_session", "error_response", "health_response", "ENDPOINTS", "main"]
+           "attach_client_session", "client_session", "error_response", "health_response", "relay", "ENDPOINTS",
+           "main"]
 
 log = logging.getLogger("pdlab.proxy")
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}  # path → request kind
@@ -149,6 +150,69 @@ def client_session(request: web.Request) -> ClientSession:
     return request.app[_SESSION]
 
 
+async def relay(request: web.Request, url: str, body: dict[str, Any], *, stats: dict[str, Any], who: str,
+                error_kind: str, forward_headers: dict[str, str] | None = None,
+                response_headers: dict[str, str] | None = None, first_byte_timeout_s: float | None = None,
+                on_chunk: Callable[[bytes, float], None] | None = None) -> tuple[web.StreamResponse, bool]:
+    """POST ``body`` to ``url + request.path`` and stream the answer back to the client as it arrives.
+
+    The one relay of the P/D proxy's decode leg and the router. Returns ``(response, ok)``:
+
+    - the backend answers 200: its body goes on chunk by chunk (``Content-Type`` kept), the stream
+      is ended, ``stats["ok"]`` counted; ``ok`` is True. ``on_chunk(chunk, arrived_s)`` is called after
+      each chunk has been written on, with the ``time.perf_counter()`` at which it arrived;
+    - the backend answers another status: its body is passed on, a 4xx with its status (counted in
+      ``stats["client_errors"]``: the client's request is at fault), anything else as 502
+      (``stats["backend_errors"]``);
+    - the backend is unreachable or dies before answering → 502, no answer head within
+      ``first_byte_timeout_s`` (None: no limit beyond the session's) or silent beyond the session's
+      read timeout → 504 (``stats["backend_errors"]``);
+    - the backend dies mid-stream: a streaming request (``"stream": true``) ends with an SSE ``error``
+      event, ``ok`` is False (``stats["backend_errors"]``); the client never hangs.
+
+    ``response_headers`` go on every answer, success or error; ``who`` names the backend in error
+    messages (``"decode server"``), ``error_kind`` is the error's ``type``.
+    """
+    stream = bool(body.get("stream"))
+    headers = dict(response_headers or {})
+    response: web.StreamResponse | None = None
+    try:
+        async with asyncio.timeout(first_byte_timeout_s):
+            resp = await client_session(request).post(url + request.path, json=body, headers=forward_headers)
+        async with resp:
+            if resp.status != 200:
+                payload = await resp.read()
+                client_fault = 400 <= resp.status < 500
+                stats["client_errors" if client_fault else "backend_errors"] += 1
+                return web.Response(status=resp.status if client_fault else 502, body=payload,
+                                    content_type="application/json", headers=headers), False
+            response = web.StreamResponse(status=200, headers={
+                "Content-Type": resp.headers.get("Content-Type", "application/json"), **headers})
+            await response.prepare(request)
+            async for chunk in resp.content.iter_any():
+                arrived = time.perf_counter()
+                await response.write(chunk)
+                if on_chunk is not None:
+                    on_chunk(chunk, arrived)
+    except (ClientError, OSError, TimeoutError) as exc:
+        stats["backend_errors"] += 1
+        message = f"{who} {url} failed: {type(exc).__name__}: {exc}"
+        if response is None:
+            err = error_response(504 if isinstance(exc, TimeoutError) else 502, message, error_kind)
+            err.headers.update(headers)
+            return err, False
+        if stream:  # headers already sent: end the stream with an error event
+            event = {"error": {"message": message, "type": error_kind, "code": 502}}
+            try:
+                await response.write(f"data: {json.dumps(event)}\n\n".encode())
+            except (ConnectionError, RuntimeError):
+                pass
+        return response, False
+    stats["ok"] += 1
+    await response.write_eof()
+    return response, True
+
+
 def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
     """The request the prefill server gets: one token, no streaming, ``do_remote_decode``."""
     req = copy.deepcopy(body)
@@ -224,51 +288,27 @@ def make_app(config: ProxyConfig) -> web.Application:
             return _error(502, f"prefill server {p_url} failed: {type(exc).__name__}: {exc}")
         prefill_s = time.perf_counter() - t0
         # 2. decode, streamed back as it arrives
-        stream = bool(body.get("stream"))
-        response: web.StreamResponse | None = None
-        decode_body = decode_request(body, kv_params)
         t_decode = time.perf_counter()
         first_chunk = True
-        try:
-            async with session.post(d_url + request.path, json=decode_body, headers=headers) as resp:
-                if resp.status != 200:
-                    payload = await resp.read()
-                    config.stats["backend_errors"] += 1
-                    status = resp.status if 400 <= resp.status < 500 else 502
-                    return web.Response(status=status, body=payload, content_type="application/json")
-                response = web.StreamResponse(status=200, headers={
-                    "Content-Type": resp.headers.get("Content-Type", "application/json"),
-                    "X-Request-Id": request_id, "X-Prefill-Seconds": f"{prefill_s:.6f}",
-                    "X-Prefill-Url": p_url, "X-Decode-Url": d_url})
-                await response.prepare(request)
-                async for chunk in resp.content.iter_any():
-                    if first_chunk:
-                        first_chunk = False
-                        t_first = time.perf_counter()
-                        await response.write(chunk)
-                        decode_first_s = t_first - t_decode
-                        ttft_s = time.perf_counter() - t_in
-                        config.timings.append(asdict(ProxyTiming(
-                            request_id, own_s=ttft_s - prefill_s - decode_first_s, prefill_leg_s=prefill_s,
-                            decode_first_s=decode_first_s, ttft_s=ttft_s)))
-                        while len(config.timings) > config.max_timings:
-                            config.timings.popleft()
-                        continue
-                    await response.write(chunk)
-        except (ClientError, OSError, TimeoutError) as exc:
-            config.stats["backend_errors"] += 1
-            message = f"decode server {d_url} failed: {type(exc).__name__}: {exc}"
-            if response is None:
-                return _error(504 if isinstance(exc, TimeoutError) else 502, message)
-            if stream:  # headers already sent: end the stream with an error event
-                err = {"error": {"message": message, "type": "proxy_error", "code": 502}}
-                try:
-                    await response.write(f"data: {json.dumps(err)}\n\n".encode())
-                except (ConnectionError, RuntimeError):
-                    pass
-            return response
-        config.stats["ok"] += 1
-        await response.write_eof()
+
+        def record_timing(chunk: bytes, arrived: float) -> None:
+            nonlocal first_chunk
+            if not first_chunk:
+                return
+            first_chunk = False
+            decode_first_s = arrived - t_decode
+            ttft_s = time.perf_counter() - t_in
+            config.timings.append(asdict(ProxyTiming(
+                request_id, own_s=ttft_s - prefill_s - decode_first_s, prefill_leg_s=prefill_s,
+                decode_first_s=decode_first_s, ttft_s=ttft_s)))
+            while len(config.timings) > config.max_timings:
+                config.timings.popleft()
+
+        response, _ = await relay(
+            request, d_url, decode_request(body, kv_params), stats=config.stats, who="decode server",
+            error_kind="proxy_error", forward_headers=headers, on_chunk=record_timing,
+            response_headers={"X-Request-Id": request_id, "X-Prefill-Seconds": f"{prefill_s:.6f}",
+                              "X-Prefill-Url": p_url, "X-Decode-Url": d_url})
         return response
 
     async def health(request: web.Request) -> web.Response:
