@@ -529,13 +529,13 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     by ``cpu_contention`` = ``{"prefill": c_p, "decode": c_d}`` (default:
     ``latency.meta["cpu_contention"]``, measured by :func:`probe_contention`; else none).
     """
-    from pdlab.sim import InstanceSpec, KVLink, Simulator
+    from pdlab.sim import ClusterSpec, KVLink, PoolSpec, build_cluster
 
     if mode == "colocated":
-        spec = InstanceSpec(latency=latency, kv_capacity_tokens=kv_capacity_tokens, role="colocated",
-                            scheduler="chunked", token_budget=token_budget, max_num_seqs=max_num_seqs,
-                            max_batched_tokens=token_budget)
-        return Simulator([spec], dispatch="round_robin")
+        pool = PoolSpec("colocated", latency=latency, kv_capacity_tokens=kv_capacity_tokens,
+                        options={"scheduler": "chunked", "token_budget": token_budget, "max_num_seqs": max_num_seqs,
+                                 "max_batched_tokens": token_budget})
+        return build_cluster(ClusterSpec([pool], dispatch="round_robin"))
     if mode != "disaggregated":
         raise ValueError(f"mode must be colocated or disaggregated, got {mode!r}")
     link = dict(kv_link if kv_link is not None else latency.meta.get("kv_link") or {})
@@ -545,12 +545,14 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     contention = dict(cpu_contention if cpu_contention is not None else latency.meta.get("cpu_contention") or {})
     shared = {role: float(contention.get(role, 0.0)) for role in ("prefill", "decode")}
     group = "host" if any(shared.values()) else None
-    common = dict(kv_capacity_tokens=kv_capacity_tokens, token_budget=token_budget, max_num_seqs=max_num_seqs,
-                  max_batched_tokens=token_budget, cpu_group=group)
-    pre = InstanceSpec(latency=latency, role="prefill", cpu_contention=shared["prefill"], **common)
-    dec = InstanceSpec(latency=decode_latency or latency, role="decode", cpu_contention=shared["decode"],
-                       handoff_reservation=handoff_reservation, **common)
-    return Simulator([pre, dec], dispatch="shortest_queue", link=kvl)
+    common = dict(token_budget=token_budget, max_num_seqs=max_num_seqs, max_batched_tokens=token_budget,
+                  cpu_group=group)
+    pools = [PoolSpec("prefill", latency=latency, kv_capacity_tokens=kv_capacity_tokens,
+                      options={**common, "cpu_contention": shared["prefill"]}),
+             PoolSpec("decode", latency=decode_latency or latency, kv_capacity_tokens=kv_capacity_tokens,
+                      options={**common, "cpu_contention": shared["decode"],
+                               "handoff_reservation": handoff_reservation})]
+    return build_cluster(ClusterSpec(pools, link=kvl, dispatch="shortest_queue"))
 
 
 def requests_from_records(records: Sequence[RequestRecord], *, use_server_tokens: bool = True) -> list[Request]:
