@@ -18,6 +18,7 @@ from pdlab.sim import (
     roofline_latency,
     sample_points,
     save_profile,
+    build_simulator,
     simulate,
 )
 from pdlab.workloads import Request, synthetic_requests
@@ -378,3 +379,29 @@ def test_closed_form_plan_counts_steps_like_a_cumulative_sum():
         assert plan.elapsed_all(k) == pytest.approx(ends, rel=1e-12)
         for t in list(rng.uniform(0, ends[-1] * 1.1, 50)) + list(ends[:5]):
             assert plan.count_below(float(t), k) == int(np.searchsorted(plan.elapsed_all(k), t, side="left"))
+
+
+def test_build_cluster_is_the_one_builder():
+    """A deployment description gives the same simulator whichever way it is written, and a pool that
+    cannot be built says what it lacks."""
+    from pdlab.sim import ClusterSpec, PoolSpec, build_cluster
+
+    lat = roofline_latency("a100-80gb", "opt-13b")
+    explicit = ClusterSpec([PoolSpec("prefill", latency=lat, kv_capacity_tokens=50_000),
+                            PoolSpec("decode", 2, latency=lat, kv_capacity_tokens=50_000)],
+                           "opt-13b", link="ib-hdr")
+    by_names = build_simulator("disaggregated", "a100-80gb", "opt-13b", prefill=1, decode=2, link="ib-hdr")
+    sim = build_cluster(explicit)
+    assert [s.role for s in sim.specs] == ["prefill", "decode", "decode"]
+    assert sim.link.bandwidth_bytes_per_s == by_names.link.bandwidth_bytes_per_s
+    assert sim.link.kv_bytes_per_token == by_names.link.kv_bytes_per_token > 0
+    assert type(sim.dispatch).__name__ == "ShortestQueue"
+    # the catalog capacity, computed the same way as build_simulator's
+    assert by_names.specs[0].kv_capacity_tokens == kv_capacity_tokens("a100-80gb", "opt-13b")
+    # a colocated cluster has no link and round-robin dispatch; empty pools are allowed
+    col = build_cluster(ClusterSpec([PoolSpec("colocated", 2, "a100-80gb"), PoolSpec("prefill", 0)], "opt-13b"))
+    assert col.link is None and len(col.specs) == 2 and type(col.dispatch).__name__ == "RoundRobin"
+    with pytest.raises(ValueError, match="needs a latency model"):
+        build_cluster(ClusterSpec([PoolSpec("colocated")]))
+    with pytest.raises(ValueError, match="not both"):
+        build_cluster(ClusterSpec(explicit.pools, "opt-13b", link="ib-hdr", link_bandwidth_bytes_per_s=1e9))

@@ -25,9 +25,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pdlab.hardware import get_gpu, resolve_link_bandwidth
+from pdlab.hardware import get_gpu
 from pdlab.kvcache import BLOCK_TOKENS
-from pdlab.models import get_model, kv_bytes_per_token
 from pdlab.router.policies import (
     LoadEstimator,
     OutputPredictor,
@@ -37,9 +36,9 @@ from pdlab.router.policies import (
     make_policy,
     make_predictor,
 )
+from pdlab.sim.cluster import ClusterSpec, PoolSpec, build_cluster
 from pdlab.sim.dispatch import DispatchPolicy
 from pdlab.sim.engine import Instance, InstanceSpec, KVLink, SimResult, Simulator
-from pdlab.sim.latency import kv_capacity_tokens, roofline_latency
 from pdlab.workloads import Request
 
 __all__ = ["RouterDispatch", "RoutedSimulator", "build_routed_simulator", "simulate_routed", "first_block_key"]
@@ -155,23 +154,17 @@ def build_routed_simulator(gpu: str, model: str, *, colocated: int = 1, prefill:
     ``latency(tp, pp)`` factory is given). With ``prefill = decode = 0`` it is a monolithic colocated
     cluster; with ``colocated = 0`` a monolithic disaggregated one. KV crosses ``link`` (catalog
     name) or ``link_bandwidth_bytes_per_s`` (instant if neither)."""
-    g, m = get_gpu(gpu), get_model(model)
     if colocated < 0 or prefill < 0 or decode < 0 or colocated + prefill + decode == 0:
         raise ValueError("need at least one instance (counts must be >= 0)")
-    factory = latency or (lambda t, p: roofline_latency(g, m, tp=t, pp=p, dtype=dtype))
-    cap = kv_capacity_tokens(g, m, tp, 1, dtype=dtype, memory_utilization=memory_utilization)
-
-    def spec(role: str) -> InstanceSpec:
-        return InstanceSpec(latency=factory(tp, 1), kv_capacity_tokens=cap, role=role,
-                            max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens)
-
-    specs = [spec("colocated") for _ in range(colocated)] + [spec("prefill") for _ in range(prefill)] + \
-        [spec("decode") for _ in range(decode)]
-    bw = resolve_link_bandwidth(link, link_bandwidth_bytes_per_s)
-    kv_link = KVLink(kv_bytes_per_token(m, dtype), bw, m.num_layers) if prefill else None
-    dispatch = RouterDispatch(policy, predictor, **policy_kwargs)
-    return RoutedSimulator(specs, dispatch=dispatch, link=kv_link, prefix_caching=prefix_caching,
-                           record_token_times=record_token_times)
+    options = {"max_num_seqs": max_num_seqs, "max_batched_tokens": max_batched_tokens}
+    g = get_gpu(gpu)
+    pools = [PoolSpec(role, n, g, tp, 1, latency, options=options)
+             for role, n in (("colocated", colocated), ("prefill", prefill), ("decode", decode))]
+    cluster = ClusterSpec(pools, model, dtype, memory_utilization, link=link,
+                          link_bandwidth_bytes_per_s=link_bandwidth_bytes_per_s,
+                          dispatch=RouterDispatch(policy, predictor, **policy_kwargs))
+    return build_cluster(cluster, simulator=RoutedSimulator, record_token_times=record_token_times,
+                         prefix_caching=prefix_caching)
 
 
 def simulate_routed(requests: Sequence[Request], gpu: str, model: str, **kwargs: Any) -> SimResult:

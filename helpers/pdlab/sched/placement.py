@@ -33,8 +33,8 @@ from typing import Any
 from pdlab.hardware import get_gpu
 from pdlab.metrics import SLO, slo_attainment
 from pdlab.models import get_model, kv_bytes_per_token, weight_bytes
-from pdlab.sim.engine import InstanceSpec, KVLink, Simulator
-from pdlab.sim.latency import ConstantLatency, LatencyModel, kv_capacity_tokens, roofline_latency
+from pdlab.sim.cluster import ClusterSpec, PoolSpec, build_cluster
+from pdlab.sim.latency import ConstantLatency, LatencyModel
 from pdlab.workloads import Request, named_workload, read_mooncake_jsonl, with_rate
 
 __all__ = [
@@ -209,59 +209,49 @@ class _Env:
     max_batched_tokens: int = 2048
     latency: Callable[[int, int], LatencyModel] | None = None
 
-    def latency_model(self, cfg: ParallelConfig) -> LatencyModel:
-        if self.latency is not None:
-            return self.latency(cfg.tp, cfg.pp)
-        return roofline_latency(self.gpu, self.model, tp=cfg.tp, pp=cfg.pp, dtype=self.dtype)
-
-    def capacity(self, cfg: ParallelConfig) -> int:
-        return kv_capacity_tokens(self.gpu, self.model, cfg.tp, cfg.pp, dtype=self.dtype)
-
     def requests(self, rate: float) -> list[Request]:
         return workload_requests(self.workload, self.settings.requests_at(rate), rate, self.settings.seed)
+
+
+def _pool(env: _Env, role: str, cfg: ParallelConfig, count: int = 1, **options: Any) -> PoolSpec:
+    """``count`` instances of ``cfg`` on the search's GPU (its latency factory, else the roofline)."""
+    return PoolSpec(role, count, env.gpu, cfg.tp, cfg.pp, env.latency, options=options)
+
+
+def _run(env: _Env, pools: list[PoolSpec], rate: float, slo: SLO, *, link_bytes_per_s: float | None = None,
+         dispatch: str | None = None, requests: list[Request] | None = None) -> float:
+    """SLO attainment of ``pools`` (:func:`pdlab.sim.build_cluster`) on the workload at ``rate``."""
+    cluster = ClusterSpec(pools, env.model, env.dtype, link_bandwidth_bytes_per_s=link_bytes_per_s, dispatch=dispatch)
+    res = build_cluster(cluster, record_token_times=False).run(requests or env.requests(rate))
+    return slo_attainment(res.records, slo)
 
 
 def _attainment_prefill(env: _Env, cfg: ParallelConfig, rate: float) -> float:
     from dataclasses import replace
 
     reqs = [replace(r, output_tokens=1) for r in env.requests(rate)]
-    spec = InstanceSpec(env.latency_model(cfg), env.capacity(cfg), role="colocated",
-                        max_batched_tokens=env.max_batched_tokens)
-    res = Simulator([spec], record_token_times=False).run(reqs)
-    return slo_attainment(res.records, SLO(ttft_s=env.slo_ttft_s))
-
-
-def _kv_link(env: _Env, bandwidth: float | None) -> KVLink:
-    m = get_model(env.model)
-    return KVLink(kv_bytes_per_token(m, env.dtype), bandwidth, m.num_layers)
+    return _run(env, [_pool(env, "colocated", cfg, max_batched_tokens=env.max_batched_tokens)], rate,
+                SLO(ttft_s=env.slo_ttft_s), requests=reqs)
 
 
 def _attainment_decode(env: _Env, cfg: ParallelConfig, rate: float) -> float:
     """One decode instance; an instant prefill instance in front; KV over the cross-node link."""
-    reqs = env.requests(rate)
-    front = InstanceSpec(ConstantLatency(0.0), 10**12, role="prefill", max_batched_tokens=10**9, max_num_seqs=10**6)
-    dec = InstanceSpec(env.latency_model(cfg), env.capacity(cfg), role="decode")
-    res = Simulator([front, dec], link=_kv_link(env, env.cross_node_bytes_per_s), record_token_times=False).run(reqs)
-    return slo_attainment(res.records, SLO(tpot_s=env.slo_tpot_s))
+    front = PoolSpec("prefill", latency=ConstantLatency(0.0), kv_capacity_tokens=10**12,
+                     options={"max_batched_tokens": 10**9, "max_num_seqs": 10**6})
+    return _run(env, [front, _pool(env, "decode", cfg)], rate, SLO(tpot_s=env.slo_tpot_s),
+                link_bytes_per_s=env.cross_node_bytes_per_s)
 
 
 def _attainment_pair(env: _Env, pcfg: ParallelConfig, dcfg: ParallelConfig, n_p: int, n_d: int, rate: float) -> float:
-    reqs = env.requests(rate)
-    gpu = get_gpu(env.gpu)
-    specs = [InstanceSpec(env.latency_model(pcfg), env.capacity(pcfg), role="prefill",
-                          max_batched_tokens=env.max_batched_tokens) for _ in range(n_p)]
-    specs += [InstanceSpec(env.latency_model(dcfg), env.capacity(dcfg), role="decode") for _ in range(n_d)]
-    res = Simulator(specs, dispatch="shortest_queue", link=_kv_link(env, gpu.nvlink_bytes_per_s),
-                    record_token_times=False).run(reqs)
-    return slo_attainment(res.records, SLO(ttft_s=env.slo_ttft_s, tpot_s=env.slo_tpot_s))
+    pools = [_pool(env, "prefill", pcfg, n_p, max_batched_tokens=env.max_batched_tokens),
+             _pool(env, "decode", dcfg, n_d)]
+    return _run(env, pools, rate, SLO(ttft_s=env.slo_ttft_s, tpot_s=env.slo_tpot_s),
+                link_bytes_per_s=get_gpu(env.gpu).nvlink_bytes_per_s, dispatch="shortest_queue")
 
 
 def _attainment_colocated(env: _Env, cfg: ParallelConfig, rate: float, scheduler: str) -> float:
-    reqs = env.requests(rate)
-    spec = InstanceSpec(env.latency_model(cfg), env.capacity(cfg), role="colocated", scheduler=scheduler,
-                        max_batched_tokens=max(env.max_batched_tokens, 16384))
-    res = Simulator([spec], record_token_times=False).run(reqs)
-    return slo_attainment(res.records, SLO(ttft_s=env.slo_ttft_s, tpot_s=env.slo_tpot_s))
+    pool = _pool(env, "colocated", cfg, scheduler=scheduler, max_batched_tokens=max(env.max_batched_tokens, 16384))
+    return _run(env, [pool], rate, SLO(ttft_s=env.slo_ttft_s, tpot_s=env.slo_tpot_s))
 
 
 def colocated_goodput(env: _Env, cfg: ParallelConfig, scheduler: str = "vllm") -> PhaseGoodput:

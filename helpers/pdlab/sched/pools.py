@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from pdlab.hardware import get_gpu, get_link
+from pdlab.hardware import get_gpu
 from pdlab.metrics import RequestRecord
 from pdlab.models import get_model, kv_bytes_per_token
-from pdlab.sim import InstanceSpec, KVLink, Simulator, kv_capacity_tokens, roofline_latency
+from pdlab.sim import ClusterSpec, PoolSpec, Simulator, build_cluster
 from pdlab.workloads import Request, make_requests
 
 __all__ = [
@@ -159,23 +159,18 @@ def build_pool_simulator(design: PoolDesign, model: str, *, link: str = "ib-ndr"
     prompts go to the shortest prompt queue and decodes to the least-loaded token machine
     (Splitwise's join-shortest-queue).
     """
-    m = get_model(model)
     tp = design.gpus_per_machine
-
-    def spec(gpu: str, role: str) -> InstanceSpec:
-        # Splitwise's machine scheduler: prompt batches of at most 2048 tokens (§IV-B)
-        return InstanceSpec(latency=roofline_latency(gpu, m, tp=tp, dtype=dtype), role=role,
-                            kv_capacity_tokens=kv_capacity_tokens(gpu, m, tp, dtype=dtype),
-                            max_batched_tokens=prompt_batch_tokens if role == "prefill" else 16384)
-
+    # Splitwise's machine scheduler: prompt batches of at most 2048 tokens (§IV-B)
     if design.colocated:
-        return Simulator([spec(design.prompt_gpu, "colocated") for _ in range(design.n_prompt)],
-                         dispatch="least_loaded", record_token_times=record_token_times)
-    specs = [spec(design.prompt_gpu, "prefill") for _ in range(design.n_prompt)]
-    specs += [spec(design.token_gpu, "decode") for _ in range(design.n_token)]
-    kv_link = KVLink(kv_bytes_per_token(m, dtype), get_link(link).bytes_per_s, m.num_layers, layerwise_overlap)
-    return Simulator(specs, dispatch="shortest_queue", decode_dispatch="least_loaded", link=kv_link,
-                     record_token_times=record_token_times)
+        pools = [PoolSpec("colocated", design.n_prompt, design.prompt_gpu, tp)]
+        return build_cluster(ClusterSpec(pools, model, dtype, dispatch="least_loaded"),
+                             record_token_times=record_token_times)
+    pools = [PoolSpec("prefill", design.n_prompt, design.prompt_gpu, tp,
+                      options={"max_batched_tokens": prompt_batch_tokens}),
+             PoolSpec("decode", design.n_token, design.token_gpu, tp)]
+    return build_cluster(ClusterSpec(pools, model, dtype, link=link, layerwise_overlap=layerwise_overlap,
+                                     dispatch="shortest_queue", decode_dispatch="least_loaded"),
+                         record_token_times=record_token_times)
 
 
 def reference_latencies(model: str, prompt_tokens: int, output_tokens: int, *, gpu: str = "a100-80gb",

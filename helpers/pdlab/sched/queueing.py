@@ -105,7 +105,7 @@ def simulate_avg_ttft(rate: float, service_s: float, *, kind: str = "single", sp
     Poisson arrivals; inter-op runs the same latency D on a 2-stage pipeline (a new request every
     D/2), intra-op runs with latency D/K.
     """
-    from pdlab.sim.engine import InstanceSpec, Simulator
+    from pdlab.sim.cluster import ClusterSpec, PoolSpec, build_cluster
     from pdlab.sim.latency import ConstantLatency
     from pdlab.workloads import synthetic_requests
 
@@ -121,10 +121,10 @@ def simulate_avg_ttft(rate: float, service_s: float, *, kind: str = "single", sp
         raise ValueError(f"kind must be single, inter_op or intra_op, got {kind!r}")
     if requests < 1:
         raise ValueError(f"requests must be >= 1, got {requests}")
-    spec = InstanceSpec(latency=lat, kv_capacity_tokens=10**12, role="colocated", max_batched_tokens=512,
-                        max_num_seqs=1)
+    pool = PoolSpec("colocated", latency=lat, kv_capacity_tokens=10**12,
+                    options={"max_batched_tokens": 512, "max_num_seqs": 1})
     reqs = synthetic_requests(requests, rate, prompt_tokens=512, output_tokens=1, seed=seed)
-    res = Simulator([spec], record_token_times=False).run(reqs)
+    res = build_cluster(ClusterSpec([pool]), record_token_times=False).run(reqs)
     ttfts = [r.ttft_s for r in res.records if r.ok]
     return sum(ttfts) / len(ttfts)
 

@@ -13,13 +13,15 @@ Pieces, each replaceable:
   setup cost, roles sharing CPU cores);
 - dispatch policies (:mod:`pdlab.sim.dispatch`): round robin, shortest queue, least loaded;
 - sources (:mod:`pdlab.sim.sources`): traces and synthetic Poisson / gamma arrivals;
-- :func:`simulate` / :func:`build_simulator` (:mod:`pdlab.sim.cluster`) for the common set-ups.
+- :func:`build_cluster` (:mod:`pdlab.sim.cluster`): the one builder from a deployment description
+  (:class:`ClusterSpec` of :class:`PoolSpec` pools) to a simulator; :func:`simulate` /
+  :func:`build_simulator` for the common set-ups.
 
 The simulator returns :class:`pdlab.metrics.RequestRecord` objects, the same records the live
 benchmark client produces, so ``pdlab.metrics`` analyses both.
 """
 
-from pdlab.sim.cluster import MODES, build_simulator, simulate
+from pdlab.sim.cluster import MODES, ClusterSpec, PoolSpec, build_cluster, build_simulator, simulate
 from pdlab.sim.dispatch import (
     DISPATCH_POLICIES,
     DispatchPolicy,
@@ -44,7 +46,7 @@ from pdlab.sim.latency import (
 from pdlab.sim.sources import GammaSource, ListSource, PoissonSource, Source, TraceSource
 
 __all__ = [
-    "MODES", "build_simulator", "simulate",
+    "MODES", "ClusterSpec", "PoolSpec", "build_cluster", "build_simulator", "simulate",
     "DispatchPolicy", "RoundRobin", "ShortestQueue", "LeastLoaded", "DISPATCH_POLICIES", "make_dispatch",
     "InstanceSpec", "KVLink", "SimResult", "Simulator", "HANDOFF_RESERVATIONS", "LINK_SHARING",
     "LatencyModel", "RooflineLatency", "FittedLatency", "ConstantLatency", "roofline_latency", "fit_latency",
