@@ -177,12 +177,24 @@ class PrefillChoice:
         return self.queue_s + self.transfer_s + self.prefill_s
 
 
+class _Active:
+    """A request decoding on a :class:`_Decode` instance."""
+
+    __slots__ = ("remaining", "context", "joined_s", "max_step_s")
+
+    def __init__(self, remaining: float, context: float, joined_s: float) -> None:
+        self.remaining = remaining      # tokens still to generate (fluid: fractional between events)
+        self.context = context          # tokens of KV it holds
+        self.joined_s = joined_s        # when it joined this instance
+        self.max_step_s = 0.0           # slowest step it has seen (its worst TBT)
+
+
 class _Decode:
     """One decode instance as a fluid: active requests advance one token per step."""
 
     def __init__(self, model: DecodeCostModel) -> None:
         self.model = model
-        self.active: dict[int, list[float]] = {}  # rid -> [remaining, context tokens, join_s, max_step_s]
+        self.active: dict[int, _Active] = {}  # request id -> its decode state
         self.last_s = 0.0
         self.step_s = 0.0
         self.kv_tokens = 0.0
@@ -191,16 +203,16 @@ class _Decode:
     def advance(self, now: float) -> None:
         if self.active and self.step_s > 0:
             steps = (now - self.last_s) / self.step_s
-            for st in self.active.values():
-                st[0] -= steps
-                st[1] += steps
+            for a in self.active.values():
+                a.remaining -= steps
+                a.context += steps
         self.last_s = now
 
     def refresh(self) -> None:
-        self.kv_tokens = sum(st[1] for st in self.active.values())
+        self.kv_tokens = sum(a.context for a in self.active.values())
         self.step_s = self.model.step_time_s(len(self.active), self.kv_tokens)
-        for st in self.active.values():
-            st[3] = max(st[3], self.step_s)
+        for a in self.active.values():
+            a.max_step_s = max(a.max_step_s, self.step_s)
         self.version += 1
 
     def step_with(self, context_tokens: float) -> float:
@@ -209,7 +221,24 @@ class _Decode:
     def next_finish(self) -> float | None:
         if not self.active:
             return None
-        return self.last_s + max(min(st[0] for st in self.active.values()), 0.0) * self.step_s
+        return self.last_s + max(min(a.remaining for a in self.active.values()), 0.0) * self.step_s
+
+
+@dataclass
+class _Replay:
+    """The event loop's state during one :meth:`Conductor.run`."""
+
+    events: list[tuple[float, int, str, Any]] = field(default_factory=list)  # (time, seq, kind, data)
+    seq: int = 0
+    records: dict[int, RequestRecord] = field(default_factory=dict)
+    samples: list[dict[str, float]] = field(default_factory=list)
+    next_sample_s: float = 0.0
+    accepted: int = 0           # in the current sampling window
+    rejected: int = 0
+
+    def push(self, t: float, kind: str, data: Any) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, data))
+        self.seq += 1
 
 
 @dataclass
@@ -323,7 +352,7 @@ class Conductor:
             # memoryless residual time: each decoding request is still there with p = exp(-Δ/t_d)
             staying = sum(len(d.active) for d in self._decodes) * float(np.exp(-(at_s - self._now) / td))
         else:
-            staying = sum(1 for d in self._decodes for st in d.active.values() if st[2] + td > at_s)
+            staying = sum(1 for d in self._decodes for a in d.active.values() if a.joined_s + td > at_s)
         # requests whose prefill ends by at_s join decode — and are gone again if they joined over t_d ago
         arriving = sum(1 for f in self._in_prefill.values() if f <= at_s and f + td > at_s) + 1
         per = (staying + arriving) / self.cluster.n_decode
@@ -347,110 +376,120 @@ class Conductor:
         self._in_prefill: dict[int, float] = {}
         self._td_mean = 20.0     # seconds in decode, learnt as requests finish
         self._ctx_mean = 8000.0  # tokens of context per decoding request, learnt on admission
-        records: dict[int, RequestRecord] = {}
-        samples: list[dict[str, float]] = []
-        events: list[tuple[float, int, str, Any]] = []
-        seq = 0
+        rp = _Replay()
         for r in sorted(requests, key=lambda r: r.arrival_s):
-            events.append((r.arrival_s, seq, "arrive", r))
-            seq += 1
-        heapq.heapify(events)
-        next_sample = events[0][0] if events else 0.0
-        window = {"accepted": 0, "rejected": 0}
-
-        def schedule_decode(k: int) -> None:
-            nonlocal seq
-            t = self._decodes[k].next_finish()
-            if t is not None:
-                heapq.heappush(events, (t, seq, "decode", (k, self._decodes[k].version)))
-                seq += 1
-
-        while events:
-            now, _, kind, data = heapq.heappop(events)
+            rp.push(r.arrival_s, "arrive", r)
+        rp.next_sample_s = rp.events[0][0] if rp.events else 0.0
+        while rp.events:
+            now, _, kind, data = heapq.heappop(rp.events)
             self._now = now
-            while now >= next_sample:
-                samples.append({
-                    "time_s": next_sample,
-                    "prefill_load": float(np.mean([max(0.0, b - next_sample) for b in self._busy_until]))
-                    / c.ttft_slo_s,
-                    "decode_load": float(np.mean([d.step_s for d in self._decodes])) / c.tbt_slo_s,
-                    "decode_requests": float(sum(len(d.active) for d in self._decodes)),
-                    "accepted": window["accepted"], "rejected": window["rejected"],
-                })
-                window = {"accepted": 0, "rejected": 0}
-                next_sample += self.sample_every_s
+            self._sample_until(rp, now)
             if kind == "arrive":
-                r = data
-                rec = RequestRecord(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
-                records[r.request_id] = rec
-                p = self.place(r, now)
-                reason = ""
-                if self.admission in ("early", "predicted"):
-                    rec.extra["decode_load_now"] = self.decode_load_now()
-                    rec.extra["decode_load_predicted"] = self.decode_load_predicted(now + p.ttft_s)
-                if self.admission != "none":
-                    if p.ttft_s > c.ttft_slo_s:
-                        reason = "TTFT SLO"
-                    elif self.admission == "early" and rec.extra["decode_load_now"] > 1.0:
-                        reason = "decode load"
-                    elif self.admission == "predicted" and rec.extra["decode_load_predicted"] > 1.0:
-                        reason = "predicted decode load"
-                if reason:
-                    rec.ok, rec.error = False, f"rejected on arrival (HTTP 429): {reason}"
-                    rec.extra["rejected"] = "arrival"
-                    window["rejected"] += 1
-                    continue
-                window["accepted"] += 1
-                finish = now + p.ttft_s
-                self._busy_until[p.instance] = finish
-                self._caches[p.instance].insert(r.hash_ids)  # computed or replicated blocks stay here
-                self._in_prefill[r.request_id] = finish
-                self._observe(ctx=r.prompt_tokens + r.output_tokens / 2)
-                rec.instance = f"P{p.instance}"
-                rec.extra.update(prefix_tokens=p.prefix_tokens, local_tokens=p.local_tokens,
-                                 remote_tokens=p.remote_tokens, queue_s=p.queue_s, transfer_s=p.transfer_s,
-                                 prefill_s=p.prefill_s)
-                heapq.heappush(events, (finish, seq, "prefilled", r))
-                seq += 1
+                self._arrive(rp, data, now)
             elif kind == "prefilled":
-                r = data
-                rec = records[r.request_id]
-                self._in_prefill.pop(r.request_id, None)
-                rec.first_token_s = now
-                k = min(range(c.n_decode), key=lambda j: (self._decodes[j].kv_tokens, len(self._decodes[j].active)))
-                d = self._decodes[k]
-                d.advance(now)
-                ctx = r.prompt_tokens + 1
-                rec.extra["decode_load_at_join"] = d.step_with(ctx) / c.tbt_slo_s
-                if self.admission != "none" and (d.step_with(ctx) > c.tbt_slo_s or
-                                                 d.kv_tokens + ctx + r.output_tokens > c.decode.kv_capacity_tokens):
-                    rec.ok, rec.error = False, "rejected after prefill: decode instance full"
-                    rec.extra["rejected"] = "decode"
-                    rec.first_token_s = None
-                    continue
-                rec.extra["decode_instance"] = f"D{k}"
-                if r.output_tokens <= 1:
-                    rec.finish_s = now
-                    rec.extra["tbt_max_s"] = 0.0
-                    continue
-                d.active[r.request_id] = [float(r.output_tokens - 1), float(ctx), now, 0.0]
-                d.refresh()
-                schedule_decode(k)
+                self._prefilled(rp, data, now)
             else:  # a decode instance may have finished requests
-                k, version = data
-                d = self._decodes[k]
-                if version != d.version:
-                    continue
-                d.advance(now)
-                for rid in [rid for rid, st in d.active.items() if st[0] <= 1e-9]:
-                    st = d.active.pop(rid)
-                    records[rid].finish_s = now
-                    records[rid].extra["tbt_max_s"] = st[3]
-                    self._observe(decode_s=now - st[2])
-                d.refresh()
-                schedule_decode(k)
-        ordered = [records[k] for k in sorted(records)]
-        return ConductorResult(self.policy, self.admission, c, ordered, samples)
+                self._decode_step(rp, *data, now)
+        ordered = [rp.records[k] for k in sorted(rp.records)]
+        return ConductorResult(self.policy, self.admission, c, ordered, rp.samples)
+
+    def _sample_until(self, rp: _Replay, now: float) -> None:
+        """Load samples every ``sample_every_s`` up to ``now`` (loads ÷ SLOs; admissions per window)."""
+        c = self.cluster
+        while now >= rp.next_sample_s:
+            t = rp.next_sample_s
+            rp.samples.append({
+                "time_s": t,
+                "prefill_load": float(np.mean([max(0.0, b - t) for b in self._busy_until])) / c.ttft_slo_s,
+                "decode_load": float(np.mean([d.step_s for d in self._decodes])) / c.tbt_slo_s,
+                "decode_requests": float(sum(len(d.active) for d in self._decodes)),
+                "accepted": rp.accepted, "rejected": rp.rejected,
+            })
+            rp.accepted = rp.rejected = 0
+            rp.next_sample_s += self.sample_every_s
+
+    def _rejection_on_arrival(self, rec: RequestRecord, p: PrefillChoice, now: float) -> str:
+        """Why the admission rule turns the request away on arrival ("" to accept it)."""
+        if self.admission in ("early", "predicted"):
+            rec.extra["decode_load_now"] = self.decode_load_now()
+            rec.extra["decode_load_predicted"] = self.decode_load_predicted(now + p.ttft_s)
+        if self.admission == "none":
+            return ""
+        if p.ttft_s > self.cluster.ttft_slo_s:
+            return "TTFT SLO"
+        if self.admission == "early" and rec.extra["decode_load_now"] > 1.0:
+            return "decode load"
+        if self.admission == "predicted" and rec.extra["decode_load_predicted"] > 1.0:
+            return "predicted decode load"
+        return ""
+
+    def _arrive(self, rp: _Replay, r: Any, now: float) -> None:
+        """Place the request's prefill (Algorithm 1), or reject it; start the prefill."""
+        rec = RequestRecord(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
+        rp.records[r.request_id] = rec
+        p = self.place(r, now)
+        reason = self._rejection_on_arrival(rec, p, now)
+        if reason:
+            rec.ok, rec.error = False, f"rejected on arrival (HTTP 429): {reason}"
+            rec.extra["rejected"] = "arrival"
+            rp.rejected += 1
+            return
+        rp.accepted += 1
+        finish = now + p.ttft_s
+        self._busy_until[p.instance] = finish
+        self._caches[p.instance].insert(r.hash_ids)  # computed or replicated blocks stay here
+        self._in_prefill[r.request_id] = finish
+        self._observe(ctx=r.prompt_tokens + r.output_tokens / 2)
+        rec.instance = f"P{p.instance}"
+        rec.extra.update(prefix_tokens=p.prefix_tokens, local_tokens=p.local_tokens,
+                         remote_tokens=p.remote_tokens, queue_s=p.queue_s, transfer_s=p.transfer_s,
+                         prefill_s=p.prefill_s)
+        rp.push(finish, "prefilled", r)
+
+    def _prefilled(self, rp: _Replay, r: Any, now: float) -> None:
+        """The prefill ended (first token): join the least-loaded decode instance, or be rejected."""
+        c = self.cluster
+        rec = rp.records[r.request_id]
+        self._in_prefill.pop(r.request_id, None)
+        rec.first_token_s = now
+        k = min(range(c.n_decode), key=lambda j: (self._decodes[j].kv_tokens, len(self._decodes[j].active)))
+        d = self._decodes[k]
+        d.advance(now)
+        ctx = r.prompt_tokens + 1
+        rec.extra["decode_load_at_join"] = d.step_with(ctx) / c.tbt_slo_s
+        if self.admission != "none" and (d.step_with(ctx) > c.tbt_slo_s or
+                                         d.kv_tokens + ctx + r.output_tokens > c.decode.kv_capacity_tokens):
+            rec.ok, rec.error = False, "rejected after prefill: decode instance full"
+            rec.extra["rejected"] = "decode"
+            rec.first_token_s = None
+            return
+        rec.extra["decode_instance"] = f"D{k}"
+        if r.output_tokens <= 1:
+            rec.finish_s = now
+            rec.extra["tbt_max_s"] = 0.0
+            return
+        d.active[r.request_id] = _Active(float(r.output_tokens - 1), float(ctx), now)
+        d.refresh()
+        self._schedule_decode(rp, k)
+
+    def _decode_step(self, rp: _Replay, k: int, version: int, now: float) -> None:
+        """Decode instance ``k``'s planned finish (stale if its batch changed since): finish requests."""
+        d = self._decodes[k]
+        if version != d.version:
+            return
+        d.advance(now)
+        for rid in [rid for rid, a in d.active.items() if a.remaining <= 1e-9]:
+            a = d.active.pop(rid)
+            rp.records[rid].finish_s = now
+            rp.records[rid].extra["tbt_max_s"] = a.max_step_s
+            self._observe(decode_s=now - a.joined_s)
+        d.refresh()
+        self._schedule_decode(rp, k)
+
+    def _schedule_decode(self, rp: _Replay, k: int) -> None:
+        t = self._decodes[k].next_finish()
+        if t is not None:
+            rp.push(t, "decode", (k, self._decodes[k].version))
 
 
 def compare_policies(requests: Sequence[Any], cluster: Cluster, policies: Sequence[str] = CONDUCTOR_POLICIES, *,
