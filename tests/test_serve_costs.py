@@ -22,17 +22,19 @@ from pdlab.serve.ttft import (
 )
 from pdlab.serve.vllm import CPU_NIXL_PROGRESS_DELAY_US, VLLMServerSpec, kv_transfer_config
 
-BUSY = "import time\nt=time.time()\nwhile time.time()-t<30: pass\n"
-IDLE = "import time\ntime.sleep(30)\n"
+BUSY = "import time\nprint('ready', flush=True)\nt=time.time()\nwhile time.time()-t<30: pass\n"
+IDLE = "import time\nprint('ready', flush=True)\ntime.sleep(30)\n"
 
 
 def _child(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code])
+    """A child interpreter, returned once it has started (its first line is ``ready``)."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
 
 
 def test_measure_cpu_tells_a_spinning_process_from_a_sleeping_one():
-    busy, idle = _child(BUSY), _child(IDLE)
-    time.sleep(0.5)  # past the interpreters' start-up
+    busy, idle = _child(BUSY), _child(IDLE)  # both past the interpreters' start-up
     try:
         rows = {r.label: r for r in measure_cpu({"busy": busy.pid, "idle": idle.pid}, 1.5)}
         # the busy child may share the cores with other work: ask for a clear margin, not a full core

@@ -43,11 +43,22 @@ def test_gpu_commands_are_copyable_shell_lines():
     assert lines[3].startswith("pdlab bench --url http://127.0.0.1:3")
 
 
-def test_status_is_a_reason_not_an_exception():
+def test_status_is_a_reason_not_an_exception(monkeypatch):
+    import importlib.util
+    import types
+
+    import pdlab.serve.sglang as sg
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(sg.importlib.util, "find_spec", lambda name: None if name == "sglang" else real_find_spec(name))
     ok, why = sglang_status()
-    assert isinstance(ok, bool) and why
-    if not ok:
-        assert "sglang" in why.lower() or "gpu" in why.lower()
+    assert not ok and "sglang package is not installed" in why
+    monkeypatch.setattr(sg.importlib.util, "find_spec", lambda name: object() if name == "sglang" else real_find_spec(name))
+    for available, expect_ok, phrase in ((False, False, "no CUDA GPU"), (True, True, "available")):
+        fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda a=available: a))
+        monkeypatch.setitem(sys.modules, "torch", fake)
+        ok, why = sglang_status()
+        assert ok is expect_ok and phrase in why
 
 
 def test_xpyd_description_of_stand_ins_and_real_workers(tmp_path):
