@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["repo_root", "data_dir", "build_dir", "catalog_path"]
+__all__ = ["repo_root", "data_dir", "build_dir", "catalog_path", "read_json"]
 
 
 def repo_root() -> Path:
@@ -38,3 +39,17 @@ def build_dir() -> Path:
 def catalog_path(name: str) -> Path:
     """Path of a catalog file under ``data/catalog/`` (e.g. ``catalog_path("gpus.yaml")``)."""
     return data_dir() / "catalog" / name
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The JSON in ``path``: FileNotFoundError "no {what} at PATH" when it is missing, ValueError naming
+    the file, the parser's message and the line when it is not JSON."""
+    import json
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no {what} at {path}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdlab.paths import read_json
+
 __all__ = [
     "FORMAT",
     "GpuProfile",
@@ -114,12 +116,7 @@ class GpuProfile:
 def load_gpu_profile(path: str | Path) -> GpuProfile:
     """Read a ``*-gpu-profile.json`` written by :func:`pdlab.roofline.gpu_profile.run_gpu_profile`; ValueError names what is wrong."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no GPU profile at {path}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(path, "GPU profile")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{path}: not a GPU profile (format {got!r}, expected {FORMAT!r})")

@@ -37,6 +37,7 @@ import numpy as np
 
 from pdlab.hardware import GPU, dtype_bytes, get_gpu
 from pdlab.models import ModelConfig, get_model, kv_bytes_per_token, param_counts, weight_bytes
+from pdlab.paths import read_json
 
 __all__ = [
     "LatencyModel",
@@ -335,12 +336,7 @@ def load_profile(path: str | Path, *, tp: int | None = None, pp: int | None = No
     kept in ``meta``.
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no latency profile at {path}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(path, "latency profile")
     entries = data.get("profiles", [data]) if isinstance(data, dict) else None
     if not entries:
         raise ValueError(f"{path}: expected an object with prefill/decode coefficients or a 'profiles' list")
