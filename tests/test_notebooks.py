@@ -34,6 +34,19 @@ def _outputs_text(nb) -> str:
     return "\n".join(parts)
 
 
+def _figure_problems(nb) -> list[str]:
+    """pdlab.plots.figure_problems of every plotly figure the executed notebook shows."""
+    from pdlab.plots import figure_problems
+
+    found = []
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            fig = out.get("data", {}).get("application/vnd.plotly.v1+json")
+            if fig:
+                found += [f"cell {i}: {p}" for p in figure_problems(fig)]
+    return found
+
+
 def _exercise_cells(nb) -> int:
     return sum(1 for c in nb.cells if c.cell_type == "code" and "### BEGIN SOLUTION" in c.source)
 
@@ -49,6 +62,8 @@ def test_solution_notebook_runs(path):
     assert "FAILED" not in text and "NOT ATTEMPTED" not in text
     assert text.count("PASSED") >= _exercise_cells(nbformat.read(path, as_version=4)), \
         "every exercise in a solution must be followed by a passing check"
+    problems = _figure_problems(executed)
+    assert not problems, f"{path.name}: figures a reader cannot read: {problems}"
 
 
 # Student copies of the live labs start vLLM servers again; they are excluded from `make test`
