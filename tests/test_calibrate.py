@@ -9,25 +9,24 @@ import math
 import numpy as np
 import pytest
 from pdlab.calibrate import (
-    TTFT_PHASES,
-    live_ttft_phases,
-    offered_prefill_load,
-    sim_ttft_phases,
     ERROR_COLUMNS,
-    PROBE_PLANS,
-    ProbePlan,
+    TTFT_PHASES,
     build_sim,
     compare_runs,
     error_table,
     fit_handoff,
     fit_profile,
     fit_row,
+    live_ttft_phases,
     load_calibration,
+    offered_prefill_load,
     requests_from_records,
     save_calibration,
+    sim_ttft_phases,
     simulate_like_live,
 )
 from pdlab.metrics import SLO, RequestRecord
+from pdlab.serve.probes import PROBE_PLANS, ProbePlan
 from pdlab.sim.latency import FittedLatency, load_profile, sample_points
 from pdlab.workloads import make_requests
 

@@ -31,7 +31,7 @@ LAYERS: dict[str, int] = {
     # 4 — built on the simulator: schedulers (queueing check, placement, Conductor, pools), the
     # router's simulation and policies, calibration fits, sim-vs-real statistics
     "pdlab.sched": 4, "pdlab.router": 4, "pdlab.router.sim": 4, "pdlab.router.policies": 4,
-    "pdlab.calibrate": 5,  # still holds the live probes next to the pure fits (issue 15)
+    "pdlab.calibrate": 4,  # pure fits and replays; the live probes are pdlab.serve.probes
     "pdlab.aic_compare": 4, "pdlab.validation": 4,
     "pdlab.roofline.gpu_profile": 4, "pdlab.roofline.gpu_profile_files": 4, "pdlab.roofline.steps": 4,  # measure and fit sim latency: calibration
     # 5 — live serving (serve/: engines, proxy, bench client, streaming, model building), router server and client

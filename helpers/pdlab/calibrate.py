@@ -1,6 +1,7 @@
 """Sim-to-real: calibrate the simulator's latency model on a live engine and measure its error.
 
-Three steps, each a function here:
+Three steps; the first is live and lives in :mod:`pdlab.serve.probes` (with :func:`calibrate
+<pdlab.serve.probes.calibrate>`, which runs the probes and the fit), the rest are pure functions here:
 
 1. **Probe** a live OpenAI-compatible server (vLLM) with the benchmark client
    (:func:`pdlab.serve.bench.run_bench`): single prompts of L tokens with ``max_tokens=1`` give the
@@ -33,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,23 +45,15 @@ from pdlab.sim.latency import PROFILE_FORMAT, FittedLatency, load_profile, save_
 from pdlab.workloads import Request
 
 __all__ = [
-    "ProbePlan",
-    "PROBE_PLANS",
     "POINT_KEYS",
-    "CalibrationResult",
-    "probe_prefill",
-    "probe_decode",
-    "probe_handoff",
-    "probe_contention",
-    "calibrate",
     "fit_row",
     "fit_profile",
     "fit_handoff",
     "save_calibration",
     "load_calibration",
-    "server_kv_capacity_tokens",
     "build_sim",
     "requests_from_records",
+    "server_prompt_tokens",
     "simulate_like_live",
     "compare_runs",
     "error_table",
@@ -73,215 +66,6 @@ __all__ = [
 
 #: Keys of one timing point (the format of :func:`pdlab.sim.latency.sample_points`).
 POINT_KEYS = ("prefill_tokens", "prefill_sq_tokens", "decode_batch", "decode_ctx_tokens", "time_s")
-
-
-# ---------------------------------------------------------------------------------------------
-# Probe plans
-
-
-@dataclass(frozen=True)
-class ProbePlan:
-    """What to measure. Lengths in tokens; every point keeps the median of its samples.
-
-    Prefill: each of ``prefill_lengths`` ``repeats`` times, one request at a time. Decode: ``b``
-    concurrent streams of ``p``-token prompts for every pair with b·p ≤ ``max_batched_tokens`` (so
-    all prompts fit one prefill step and the streams decode together), each generating
-    ``decode_tokens`` tokens, ``decode_repeats`` times. Hand-off: each of ``handoff_lengths``
-    ``repeats`` times through the proxy. Contention (two servers only): prefills of
-    ``contention_prompt`` tokens and decode streams, each alone and while the other server works
-    (:func:`probe_contention`).
-    """
-
-    prefill_lengths: tuple[int, ...] = (16, 256, 768, 1536)
-    decode_batches: tuple[int, ...] = (1, 4, 16, 32)
-    decode_prompts: tuple[int, ...] = (32, 512)
-    decode_tokens: int = 32
-    handoff_lengths: tuple[int, ...] = (32, 512, 1536)
-    contention_prompt: int = 1024
-    repeats: int = 3
-    decode_repeats: int = 2
-    max_batched_tokens: int = 2048
-
-    def decode_pairs(self) -> list[tuple[int, int]]:
-        """(batch, prompt tokens) pairs that are probed."""
-        return [(b, p) for b in self.decode_batches for p in self.decode_prompts if b * p <= self.max_batched_tokens]
-
-    def check(self) -> None:
-        """Raise ValueError when the plan cannot identify the three coefficients of each row."""
-        if len(set(self.prefill_lengths)) < 3:
-            raise ValueError(f"prefill_lengths needs >= 3 distinct lengths, got {self.prefill_lengths}")
-        pairs = self.decode_pairs()
-        if len({b for b, _ in pairs}) < 2 or len({p for _, p in pairs}) < 2 or len(pairs) < 3:
-            raise ValueError("decode probes need >= 3 (batch, prompt) pairs with >= 2 batch sizes and >= 2 prompt "
-                             f"lengths (b·p ≤ max_batched_tokens={self.max_batched_tokens}), got {pairs}")
-        if self.decode_tokens < 4:
-            raise ValueError(f"decode_tokens must be >= 4, got {self.decode_tokens}")
-        if self.repeats < 1 or self.decode_repeats < 1:
-            raise ValueError(f"repeats and decode_repeats must be >= 1, got {self.repeats}, {self.decode_repeats}")
-
-
-#: Plans by profile: ``smoke`` (a few seconds), ``ci`` (about 20 s of probes on a quiet 2-core
-#: machine), ``full`` (GPU servers, longer prompts and bigger batches).
-PROBE_PLANS: dict[str, ProbePlan] = {
-    "smoke": ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 8), decode_prompts=(32, 128),
-                       decode_tokens=16, handoff_lengths=(32, 512), repeats=1, decode_repeats=1),
-    "ci": ProbePlan(),
-    "full": ProbePlan(prefill_lengths=(16, 128, 512, 1024, 2048, 4096, 8192), decode_batches=(1, 8, 32, 64, 128),
-                      decode_prompts=(128, 1024), decode_tokens=128, handoff_lengths=(128, 1024, 4096),
-                      repeats=5, decode_repeats=3, max_batched_tokens=8192),
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Probes (live)
-
-
-def _bench(url: str, requests: list[Request], *, seed: int, max_concurrency: int | None = None,
-           **kwargs: Any) -> list[RequestRecord]:
-    from pdlab.serve.bench import run_bench
-
-    res = run_bench(url, requests, progress=False, seed=seed, max_concurrency=max_concurrency, **kwargs)
-    bad = [r.error for r in res.records if not r.ok]
-    if bad:
-        raise RuntimeError(f"{len(bad)} of {len(res.records)} probe requests to {url} failed: {bad[0]}")
-    return res.records
-
-
-def _server_prompt_tokens(rec: RequestRecord) -> int:
-    return int(rec.extra.get("server_prompt_tokens", rec.prompt_tokens))
-
-
-def probe_prefill(url: str, lengths: Sequence[int], *, repeats: int = 3, seed: int = 0,
-                  **bench_kwargs: Any) -> list[dict[str, float]]:
-    """Prefill points: one prompt at a time of each length, ``max_tokens=1``; time = median TTFT (s).
-
-    Requests are sent one after another (never overlapping) in a shuffled order, so slow drift
-    of the machine spreads over all lengths.
-    """
-    order = [int(x) for x in lengths for _ in range(repeats)]
-    np.random.default_rng(seed).shuffle(order)
-    reqs = [Request(i, 0.0, n, 1) for i, n in enumerate(order)]
-    recs = _bench(url, reqs, seed=seed, max_concurrency=1, **bench_kwargs)
-    by_len: dict[int, list[RequestRecord]] = {}
-    for rec in recs:
-        by_len.setdefault(rec.prompt_tokens, []).append(rec)
-    points = []
-    for n in sorted(by_len):
-        group = by_len[n]
-        tokens = int(np.median([_server_prompt_tokens(r) for r in group]))
-        points.append({"prefill_tokens": tokens, "prefill_sq_tokens": float(tokens * tokens), "decode_batch": 0,
-                       "decode_ctx_tokens": 0, "time_s": float(np.median([r.ttft_s for r in group])),
-                       "samples": len(group), "kind": "prefill"})
-    return points
-
-
-def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: int = 64, repeats: int = 2,
-                 seed: int = 0, **bench_kwargs: Any) -> list[dict[str, float]]:
-    """Decode points: ``b`` concurrent streams of ``p``-token prompts generating ``output_tokens``.
-
-    time = median TPOT over streams and repeats (s) — the step time of a decode batch of ``b``
-    whose mean context is p + (O − 2)/2 tokens: the O − 1 decode steps read contexts p … p + O − 2
-    (the simulator's accounting, :mod:`pdlab.sim.engine`).
-    """
-    points = []
-    for i, (b, p) in enumerate(pairs):
-        tpots, ctx = [], []
-        for r in range(repeats):
-            reqs = [Request(j, 0.0, int(p), int(output_tokens)) for j in range(int(b))]
-            recs = _bench(url, reqs, seed=seed + 1000 * i + r, **bench_kwargs)
-            tpots += [t for rec in recs if (t := rec.tpot_s) is not None]
-            ctx += [_server_prompt_tokens(rec) + (output_tokens - 2) / 2 for rec in recs]
-        if not tpots:
-            raise RuntimeError(f"decode probe b={b}, p={p}: no request produced more than one token")
-        points.append({"prefill_tokens": 0, "prefill_sq_tokens": 0.0, "decode_batch": int(b),
-                       "decode_ctx_tokens": float(b * np.mean(ctx)), "time_s": float(np.median(tpots)),
-                       "samples": len(tpots), "kind": "decode", "prompt_tokens": int(p)})
-    return points
-
-
-def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, seed: int = 0,
-                  **bench_kwargs: Any) -> list[dict[str, float]]:
-    """TTFT through a disaggregation proxy of single prompts, ``max_tokens=1``: ``{"tokens", "ttft_s"}``.
-
-    Through the proxy a request is prefilled (one token, discarded), its KV is handed to the
-    decode server, which generates the first token the client sees. Subtracting the prefill and
-    one decode step (:func:`fit_handoff`) leaves the hand-off: proxy, KV transfer, decode-side work.
-    """
-    order = [int(x) for x in lengths for _ in range(repeats)]
-    np.random.default_rng(seed).shuffle(order)
-    reqs = [Request(i, 0.0, n, 1) for i, n in enumerate(order)]
-    recs = _bench(proxy_url, reqs, seed=seed + 7, max_concurrency=1, **bench_kwargs)
-    by_len: dict[int, list[RequestRecord]] = {}
-    for rec in recs:
-        by_len.setdefault(rec.prompt_tokens, []).append(rec)
-    return [{"tokens": int(np.median([_server_prompt_tokens(r) for r in g])),
-             "ttft_s": float(np.median([r.ttft_s for r in g])), "samples": len(g)}
-            for _, g in sorted(by_len.items())]
-
-
-def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 1024, repeats: int = 3,
-                     decode_streams: int = 16, decode_prompt: int = 256, decode_tokens: int = 48, seed: int = 0,
-                     **bench_kwargs: Any) -> dict[str, float]:
-    """How much each role slows down while the other one works (two servers on one host).
-
-    Prefill: the median TTFT of ``repeats`` single ``prompt_tokens``-token prompts, alone and
-    while ``decode_streams`` streams decode on ``decode_url``. Decode: the median TPOT of
-    ``decode_streams`` streams, alone and while prompts are prefilled back to back on
-    ``prefill_url``. Returns the times (s) and ``prefill``/``decode`` = max(0, busy/alone − 1):
-    the simulator's ``InstanceSpec.cpu_contention`` of each role (an iteration takes
-    ``1 + cpu_contention`` times as long while the other instance is busy). Measured, not fitted:
-    on the course's 2-core CPU the roles are pinned to a core each but share the last-level
-    cache, memory bandwidth and the cores' other processes (API servers, proxy, client).
-    """
-    import threading
-
-    def prefills(tag: int) -> float:
-        reqs = [Request(i, 0.0, int(prompt_tokens), 1) for i in range(repeats)]
-        recs = _bench(prefill_url, reqs, seed=seed + tag, max_concurrency=1, **bench_kwargs)
-        return float(np.median([r.ttft_s for r in recs]))
-
-    def decodes(tag: int) -> float:
-        reqs = [Request(i, 0.0, int(decode_prompt), int(decode_tokens)) for i in range(decode_streams)]
-        tpots = [t for r in _bench(decode_url, reqs, seed=seed + tag, **bench_kwargs) if (t := r.tpot_s) is not None]
-        if not tpots:
-            raise RuntimeError("contention probe: no decode stream produced more than one token")
-        return float(np.median(tpots))
-
-    def while_busy(background, measure) -> float:
-        stop, errors = threading.Event(), []
-
-        def loop() -> None:
-            k = 0
-            while not stop.is_set():
-                try:
-                    background(100 + k)
-                except Exception as exc:  # noqa: BLE001 - re-raised below, after the thread ends
-                    errors.append(exc)
-                    return
-                k += 1
-
-        worker = threading.Thread(target=loop, daemon=True)
-        worker.start()
-        try:
-            import time
-
-            time.sleep(0.5)   # the background work is under way
-            return measure(50)
-        finally:
-            stop.set()
-            worker.join(timeout=120)
-            if errors:
-                raise RuntimeError(f"contention probe: background load failed: {errors[0]}") from errors[0]
-
-    prefill_alone = prefills(1)
-    prefill_busy = while_busy(decodes, prefills)
-    decode_alone = decodes(2)
-    decode_busy = while_busy(prefills, decodes)
-    return {"prompt_tokens": int(prompt_tokens), "decode_streams": int(decode_streams),
-            "prefill_alone_s": prefill_alone, "prefill_busy_s": prefill_busy,
-            "decode_alone_s": decode_alone, "decode_busy_s": decode_busy,
-            "prefill": max(0.0, prefill_busy / prefill_alone - 1.0),
-            "decode": max(0.0, decode_busy / decode_alone - 1.0)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,72 +190,12 @@ def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) 
 
 
 # ---------------------------------------------------------------------------------------------
-# Calibration end to end
+# Profiles
 
 
-@dataclass
-class CalibrationResult:
-    """A calibrated latency model, the points it was fitted to, and the KV hand-off (if probed)."""
-
-    latency: FittedLatency
-    prefill_points: list[dict[str, float]]
-    decode_points: list[dict[str, float]]
-    handoff_points: list[dict[str, float]] = field(default_factory=list)
-    kv_link: dict[str, float] | None = None
-    seconds: float = 0.0
-    contention: dict[str, float] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"prefill": list(self.latency.prefill), "decode": list(self.latency.decode),
-                "fit": self.latency.meta.get("fit"), "kv_link": self.kv_link, "seconds": self.seconds,
-                "cpu_contention": self.contention}
-
-
-def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None = None,
-              proxy_url: str | None = None, seed: int = 0, meta: dict[str, Any] | None = None,
-              **bench_kwargs: Any) -> CalibrationResult:
-    """Probe ``url`` (prefill) and ``decode_url`` (decode; default ``url``), fit, and return the model.
-
-    With ``proxy_url`` (a disaggregation proxy in front of those servers) the KV hand-off is
-    probed too and fitted as a link with a fixed latency and a per-token time (``kv_link``).
-    With two servers (``decode_url`` ≠ ``url``) each role's slowdown while the other works is
-    measured (:func:`probe_contention`, ``meta["cpu_contention"]``).
-    ``plan`` is a :class:`ProbePlan` or a key of :data:`PROBE_PLANS`.
-    """
-    import time
-
-    if isinstance(plan, str):
-        if plan not in PROBE_PLANS:
-            raise ValueError(f"unknown probe plan {plan!r}; known: {', '.join(PROBE_PLANS)}")
-        plan = PROBE_PLANS[plan]
-    plan.check()
-    t0 = time.perf_counter()
-    pre = probe_prefill(url, plan.prefill_lengths, repeats=plan.repeats, seed=seed, **bench_kwargs)
-    dec = probe_decode(decode_url or url, plan.decode_pairs(), output_tokens=plan.decode_tokens,
-                       repeats=plan.decode_repeats, seed=seed + 1, **bench_kwargs)
-    info = {"source": "pdlab sim calibrate", "url": url, "decode_url": decode_url or url,
-            "probe_plan": asdict(plan), "points": pre + dec, **(meta or {})}
-    lat = fit_profile(pre, decode_points=dec, meta=info)
-    handoff, link = [], None
-    if proxy_url:
-        handoff = probe_handoff(proxy_url, plan.handoff_lengths, repeats=plan.repeats, seed=seed + 2, **bench_kwargs)
-        link = fit_handoff(handoff, lat)
-        lat.meta["kv_link"] = link
-        lat.meta["handoff_points"] = handoff
-        lat.meta["proxy_url"] = proxy_url
-    contention = None
-    if decode_url and decode_url != url:
-        contention = probe_contention(url, decode_url, prompt_tokens=plan.contention_prompt,
-                                      repeats=plan.repeats, seed=seed + 3, **bench_kwargs)
-        lat.meta["cpu_contention"] = contention
-    res = CalibrationResult(lat, pre, dec, handoff, link, time.perf_counter() - t0, contention)
-    lat.meta["calibration_s"] = res.seconds
-    return res
-
-
-def save_calibration(result: CalibrationResult | FittedLatency, path: str | Path) -> Path:
+def save_calibration(result: Any, path: str | Path) -> Path:
     """Write the profile JSON (``pdlab-latency-profile/1``; readable by ``load_profile``)."""
-    lat = result.latency if isinstance(result, CalibrationResult) else result
+    lat = result if isinstance(result, FittedLatency) else result.latency   # or a CalibrationResult
     path = save_profile(lat, path)
     json.loads(path.read_text())  # written as valid JSON
     return path
@@ -484,28 +208,6 @@ def load_calibration(path: str | Path) -> FittedLatency:
     if fmt not in (None, PROFILE_FORMAT):
         raise ValueError(f"{path}: unknown profile format {fmt!r}; expected {PROFILE_FORMAT}")
     return lat
-
-
-def server_kv_capacity_tokens(url: str, default: int | None = None) -> int:
-    """KV tokens a vLLM server holds: ``num_gpu_blocks × block_size`` from ``vllm:cache_config_info``."""
-    import urllib.request
-
-    from pdlab.serve.evidence import parse_prometheus
-
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
-            samples = parse_prometheus(resp.read().decode("utf-8", "replace"))
-    except OSError:
-        samples = []
-    for name, labels, _ in samples:
-        if name in ("vllm:cache_config_info", "vllm_cache_config_info"):
-            try:
-                return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
-            except (KeyError, ValueError):
-                break
-    if default is None:
-        raise ValueError(f"{url}/metrics has no vllm:cache_config_info with num_gpu_blocks and block_size")
-    return default
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,7 +229,7 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     starts none while ``max_num_seqs`` requests run (``handoff_reservation="vllm"``), concurrent
     pulls share the link (``link_sharing="fair"``), and each role is slowed by the other's work
     by ``cpu_contention`` = ``{"prefill": c_p, "decode": c_d}`` (default:
-    ``latency.meta["cpu_contention"]``, measured by :func:`probe_contention`; else none).
+    ``latency.meta["cpu_contention"]``, measured by :func:`pdlab.serve.probes.probe_contention`; else none).
     """
     from pdlab.sim import ClusterSpec, KVLink, PoolSpec, build_cluster
 
@@ -555,6 +257,11 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     return build_cluster(ClusterSpec(pools, link=kvl, dispatch="shortest_queue"))
 
 
+def server_prompt_tokens(rec: RequestRecord) -> int:
+    """The prompt's length as the server counted it (``usage.prompt_tokens``), else as requested."""
+    return int(rec.extra.get("server_prompt_tokens", rec.prompt_tokens))
+
+
 def requests_from_records(records: Sequence[RequestRecord], *, use_server_tokens: bool = True) -> list[Request]:
     """The requests a live run actually sent: send times (s from the first send) and token counts.
 
@@ -567,7 +274,7 @@ def requests_from_records(records: Sequence[RequestRecord], *, use_server_tokens
     t0 = min(r.arrival_s for r in records)
     out = []
     for i, r in enumerate(sorted(records, key=lambda r: r.arrival_s)):
-        prompt = _server_prompt_tokens(r) if use_server_tokens else r.prompt_tokens
+        prompt = server_prompt_tokens(r) if use_server_tokens else r.prompt_tokens
         output = int(r.extra.get("target_output_tokens", r.output_tokens) or r.output_tokens)
         out.append(Request(i if not isinstance(r.request_id, int) else r.request_id, r.arrival_s - t0,
                            max(1, prompt), max(1, output)))

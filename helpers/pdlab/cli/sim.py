@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_calibrate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from pdlab.calibrate import PROBE_PLANS, calibrate, save_calibration
+    from pdlab.calibrate import save_calibration
+    from pdlab.serve.probes import PROBE_PLANS, calibrate
 
     overrides = {k: v for k, v in (("prefill_lengths", args.prefill_lengths), ("decode_batches", args.decode_batches),
                                    ("decode_prompts", args.decode_prompts), ("decode_tokens", args.decode_tokens),
