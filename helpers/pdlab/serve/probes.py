@@ -45,7 +45,7 @@ class ProbePlan:
 
     prefill_lengths: tuple[int, ...] = (16, 256, 768, 1536)
     decode_batches: tuple[int, ...] = (1, 4, 16, 32)
-    decode_prompts: tuple[int, ...] = (32, 512)
+    decode_prompts: tuple[int, ...] = (32, 512, 1024)
     decode_tokens: int = 32
     handoff_lengths: tuple[int, ...] = (32, 512, 1536)
     contention_prompt: int = 1024
