@@ -115,7 +115,7 @@ def test_fit_rejects_points_that_cannot_separate_coefficients():
 def test_probe_plans_are_identifiable_and_bad_plans_rejected():
     for plan in PROBE_PLANS.values():
         plan.check()
-        assert all(b * p <= plan.max_batched_tokens for b, p in plan.decode_pairs())
+        assert all(b * p <= plan.max_probe_tokens for b, p in plan.decode_pairs())
     with pytest.raises(ValueError, match="distinct lengths"):
         ProbePlan(prefill_lengths=(16, 16, 32)).check()
     with pytest.raises(ValueError, match="decode probes need"):

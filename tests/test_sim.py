@@ -375,6 +375,32 @@ def test_cpu_contention_slows_iterations_of_instances_sharing_cores():
         InstanceSpec(lat, 10, cpu_contention=-1)
 
 
+def test_admit_overhead_stretches_the_decode_step_that_admits_a_handoff():
+    """Each handed-off request adds admit_overhead_s to the one decode step that admits it: the
+    stream already decoding loses exactly that much, once; nothing else changes."""
+    lat = FittedLatency((0.01, 0.0, 0.0), (0.01, 0.0, 0.0))
+
+    def run(overhead):
+        specs = [InstanceSpec(lat, 100_000, role="prefill", max_batched_tokens=100_000),
+                 InstanceSpec(lat, 100_000, role="decode", admit_overhead_s=overhead)]
+        return {r.request_id: r for r in Simulator(specs, dispatch="shortest_queue").run(
+            [Request(0, 0.0, 100, 40), Request(1, 0.105, 100, 5)]).records}
+
+    base, slow = run(0.0), run(0.05)
+    assert slow[0].ttft_s == pytest.approx(base[0].ttft_s)                  # the prefill's token: not decode work
+    gaps_base, gaps_slow = np.diff(base[0].token_times_s), np.diff(slow[0].token_times_s)
+    stretched = np.flatnonzero(~np.isclose(gaps_slow, gaps_base))
+    handoff_1 = slow[1].extra["kv_transfer_end_s"]
+    # request 0's own first decode step, and the one step that admits request 1 after its hand-off
+    assert stretched[0] == 0 and len(stretched) == 2
+    assert np.allclose(gaps_slow[stretched] - gaps_base[stretched], 0.05)
+    times = slow[0].token_times_s                                             # it starts at the first step
+    assert times[stretched[1] - 1] < handoff_1 <= times[stretched[1]] + 1e-9  # boundary after the hand-off
+    assert slow[0].e2e_s == pytest.approx(base[0].e2e_s + 0.10)
+    with pytest.raises(ValueError, match="admit_overhead_s"):
+        InstanceSpec(lat, 10, admit_overhead_s=-0.1)
+
+
 def test_engine_prefix_lru_equals_kvcache_lru():
     from pdlab.kvcache import LRUBlockCache
     from pdlab.sim.state import _PrefixLRU

@@ -61,6 +61,7 @@ __all__ = [
     "live_ttft_phases",
     "sim_ttft_phases",
     "offered_prefill_load",
+    "decode_steps_vs_model",
     "ERROR_COLUMNS",
 ]
 
@@ -217,7 +218,8 @@ def load_calibration(path: str | Path) -> FittedLatency:
 def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatency | None = None,
               kv_capacity_tokens: int = 131072, token_budget: int = 2048, max_num_seqs: int = 128,
               kv_link: Mapping[str, float] | None = None, cpu_contention: Mapping[str, float] | None = None,
-              handoff_reservation: str = "vllm", link_sharing: str = "fair"):
+              handoff_reservation: str = "vllm", link_sharing: str = "fair",
+              admit_overhead_s: float | None = None):
     """A :class:`pdlab.sim.Simulator` shaped like the live set-up.
 
     ``colocated``: one instance, vLLM V1 scheduling = chunked prefill with ``token_budget``
@@ -229,7 +231,10 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     starts none while ``max_num_seqs`` requests run (``handoff_reservation="vllm"``), concurrent
     pulls share the link (``link_sharing="fair"``), and each role is slowed by the other's work
     by ``cpu_contention`` = ``{"prefill": c_p, "decode": c_d}`` (default:
-    ``latency.meta["cpu_contention"]``, measured by :func:`pdlab.serve.probes.probe_contention`; else none).
+    ``latency.meta["cpu_contention"]``, measured by :func:`pdlab.serve.probes.probe_contention`; else none),
+    and every handed-off request adds ``admit_overhead_s`` to the decode step that admits it
+    (default: ``latency.meta["admission"]["overhead_s"]``, measured by
+    :func:`pdlab.serve.probes.probe_admission`; else 0).
     """
     from pdlab.sim import ClusterSpec, KVLink, PoolSpec, build_cluster
 
@@ -247,12 +252,14 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     contention = dict(cpu_contention if cpu_contention is not None else latency.meta.get("cpu_contention") or {})
     shared = {role: float(contention.get(role, 0.0)) for role in ("prefill", "decode")}
     group = "host" if any(shared.values()) else None
+    if admit_overhead_s is None:
+        admit_overhead_s = float((latency.meta.get("admission") or {}).get("overhead_s", 0.0))
     common = dict(token_budget=token_budget, max_num_seqs=max_num_seqs, max_batched_tokens=token_budget,
                   cpu_group=group)
     pools = [PoolSpec("prefill", latency=latency, kv_capacity_tokens=kv_capacity_tokens,
                       options={**common, "cpu_contention": shared["prefill"]}),
              PoolSpec("decode", latency=decode_latency or latency, kv_capacity_tokens=kv_capacity_tokens,
-                      options={**common, "cpu_contention": shared["decode"],
+                      options={**common, "cpu_contention": shared["decode"], "admit_overhead_s": admit_overhead_s,
                                "handoff_reservation": handoff_reservation})]
     return build_cluster(ClusterSpec(pools, link=kvl, dispatch="shortest_queue"))
 
@@ -402,3 +409,45 @@ def offered_prefill_load(requests: Sequence[Request], latency: FittedLatency) ->
         raise ValueError("all requests arrive at once: no arrival span")
     n = len(requests)
     return sum(latency.prefill_time_s([r.prompt_tokens]) for r in requests) * (n - 1) / n / span
+
+
+def decode_steps_vs_model(records: Sequence[RequestRecord], latency: FittedLatency,
+                          batch_edges: Sequence[int] = (1, 4, 8, 12, 16, 1 << 30)) -> list[dict[str, Any]]:
+    """Live token gaps of a run against the fitted decode step, by batch size.
+
+    Each gap between two tokens of a stream is one decode step of the server. Its batch B is the
+    number of streams between their first and last token at the gap's midpoint, its context the
+    sum of their prompts and tokens so far; the fitted step is ``latency.decode_time_s`` of those.
+    A gap is *quiet* when no request is waiting for its first token (no prefill, no hand-off under
+    way): there the step is pure decode, which is what the decode probe measured. Returns one row
+    per batch range [lo, hi): gaps, quiet gaps, and the median of live / fitted over each (1.0 =
+    the fit holds under the workload; the probe's own points are near 1 by construction).
+    """
+    recs = [r for r in records if r.ok and r.token_times_s is not None and len(r.token_times_s) >= 2]
+    if not recs:
+        raise ValueError("no record with two or more token times")
+    times = [np.asarray(r.token_times_s, dtype=float) for r in recs]
+    first = np.array([t[0] for t in times])
+    last = np.array([t[-1] for t in times])
+    arrival = np.array([r.arrival_s for r in recs])
+    prompt = np.array([server_prompt_tokens(r) for r in recs])
+    rows = []
+    for t in times:
+        for gap, mid in zip(np.diff(t), 0.5 * (t[1:] + t[:-1]), strict=True):
+            active = np.flatnonzero((first <= mid) & (mid <= last))
+            ctx = [int(prompt[j] + np.searchsorted(times[j], mid)) for j in active]
+            quiet = not np.any((arrival <= mid) & (mid < first))
+            rows.append((len(active), gap / latency.decode_time_s(ctx), quiet))
+    batch = np.array([b for b, _, _ in rows])
+    ratio = np.array([x for _, x, _ in rows])
+    quiet = np.array([q for _, _, q in rows])
+    out = []
+    for lo, hi in zip(batch_edges[:-1], batch_edges[1:], strict=True):
+        sel = (batch >= lo) & (batch < hi)
+        if not sel.any():
+            continue
+        q = sel & quiet
+        out.append({"batch": f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi - 1}", "gaps": int(sel.sum()),
+                    "quiet gaps": int(q.sum()), "live / fitted, all": float(np.median(ratio[sel])),
+                    "live / fitted, quiet": float(np.median(ratio[q])) if q.any() else float("nan")})
+    return out

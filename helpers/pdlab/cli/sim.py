@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--decode-prompts", type=_ints, help="override: prompt lengths of decode probes, e.g. 32,256")
     c.add_argument("--decode-tokens", type=int, help="override: output tokens per decode probe stream")
     c.add_argument("--repeats", type=int, help="override: samples per point (median kept)")
-    c.add_argument("--max-batched-tokens", type=int, help="override: the server's --max-num-batched-tokens")
+    c.add_argument("--max-probe-tokens", type=int, help="override: the most prompt tokens (b·p) one decode probe holds")
     c.add_argument("--tokenizer", help="model folder whose tokenizer builds prompts (default: the server's)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", action="store_true", help="print JSON")
@@ -50,7 +50,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in (("prefill_lengths", args.prefill_lengths), ("decode_batches", args.decode_batches),
                                    ("decode_prompts", args.decode_prompts), ("decode_tokens", args.decode_tokens),
-                                   ("repeats", args.repeats), ("max_batched_tokens", args.max_batched_tokens))
+                                   ("repeats", args.repeats), ("max_probe_tokens", args.max_probe_tokens))
                  if v is not None}
     plan = replace(PROBE_PLANS[args.plan], **overrides)
     try:

@@ -2,8 +2,9 @@
 
 Single prompts of L tokens with ``max_tokens=1`` give the prefill step time (their TTFT); N
 concurrent streams of P-token prompts with O output tokens give the decode step time at batch N
-(their TPOT); single requests through a disaggregation proxy give the KV hand-off; and with two
-servers, each role's slowdown while the other works (:func:`probe_contention`). All go through
+(their token gaps while all N decode); single requests through a disaggregation proxy give the KV hand-off; and with two
+servers, each role's slowdown while the other works (:func:`probe_contention`) and what each
+handed-off request costs the streams already decoding (:func:`probe_admission`). All go through
 the course's benchmark client (:func:`pdlab.serve.bench.run_bench`) with random single-token-word
 prompts (no prefix-cache hits) and the server's own token counts. :func:`calibrate` runs a
 :class:`ProbePlan` and fits the result with the pure functions of :mod:`pdlab.calibrate`.
@@ -23,8 +24,9 @@ from pdlab.metrics import RequestRecord
 from pdlab.sim.latency import FittedLatency
 from pdlab.workloads import Request
 
-__all__ = ["ProbePlan", "PROBE_PLANS", "CalibrationResult", "probe_prefill", "probe_decode", "probe_handoff",
-           "probe_contention", "calibrate", "server_kv_capacity_tokens"]
+__all__ = ["ProbePlan", "PROBE_PLANS", "CalibrationResult", "probe_prefill", "probe_decode", "decode_window",
+           "probe_handoff",
+           "probe_contention", "probe_admission", "calibrate", "server_kv_capacity_tokens"]
 
 # ---------------------------------------------------------------------------------------------
 # Probe plans
@@ -35,27 +37,28 @@ class ProbePlan:
     """What to measure. Lengths in tokens; every point keeps the median of its samples.
 
     Prefill: each of ``prefill_lengths`` ``repeats`` times, one request at a time. Decode: ``b``
-    concurrent streams of ``p``-token prompts for every pair with b·p ≤ ``max_batched_tokens`` (so
-    all prompts fit one prefill step and the streams decode together), each generating
-    ``decode_tokens`` tokens, ``decode_repeats`` times. Hand-off: each of ``handoff_lengths``
+    concurrent streams of ``p``-token prompts for every pair with b·p ≤ ``max_probe_tokens`` (the
+    KV one probe holds), each generating ``decode_tokens`` tokens, ``decode_repeats`` times; the
+    step time is read while all ``b`` decode together (:func:`probe_decode`), so the pairs can
+    cover the batches and contexts a workload reaches, not only prompts that fit one prefill step. Hand-off: each of ``handoff_lengths``
     ``repeats`` times through the proxy. Contention (two servers only): prefills of
     ``contention_prompt`` tokens and decode streams, each alone and while the other server works
     (:func:`probe_contention`).
     """
 
     prefill_lengths: tuple[int, ...] = (16, 256, 768, 1536)
-    decode_batches: tuple[int, ...] = (1, 4, 16, 32)
+    decode_batches: tuple[int, ...] = (1, 4, 8, 16)
     decode_prompts: tuple[int, ...] = (32, 512, 1024)
     decode_tokens: int = 32
     handoff_lengths: tuple[int, ...] = (32, 512, 1536)
     contention_prompt: int = 1024
     repeats: int = 3
     decode_repeats: int = 2
-    max_batched_tokens: int = 2048
+    max_probe_tokens: int = 16384
 
     def decode_pairs(self) -> list[tuple[int, int]]:
         """(batch, prompt tokens) pairs that are probed."""
-        return [(b, p) for b in self.decode_batches for p in self.decode_prompts if b * p <= self.max_batched_tokens]
+        return [(b, p) for b in self.decode_batches for p in self.decode_prompts if b * p <= self.max_probe_tokens]
 
     def check(self) -> None:
         """Raise ValueError when the plan cannot identify the three coefficients of each row."""
@@ -64,7 +67,7 @@ class ProbePlan:
         pairs = self.decode_pairs()
         if len({b for b, _ in pairs}) < 2 or len({p for _, p in pairs}) < 2 or len(pairs) < 3:
             raise ValueError("decode probes need >= 3 (batch, prompt) pairs with >= 2 batch sizes and >= 2 prompt "
-                             f"lengths (b·p ≤ max_batched_tokens={self.max_batched_tokens}), got {pairs}")
+                             f"lengths (b·p ≤ max_probe_tokens={self.max_probe_tokens}), got {pairs}")
         if self.decode_tokens < 4:
             raise ValueError(f"decode_tokens must be >= 4, got {self.decode_tokens}")
         if self.repeats < 1 or self.decode_repeats < 1:
@@ -75,11 +78,12 @@ class ProbePlan:
 #: machine), ``full`` (GPU servers, longer prompts and bigger batches).
 PROBE_PLANS: dict[str, ProbePlan] = {
     "smoke": ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 8), decode_prompts=(32, 128),
-                       decode_tokens=16, handoff_lengths=(32, 512), repeats=1, decode_repeats=1),
+                       decode_tokens=16, handoff_lengths=(32, 512), repeats=1, decode_repeats=1,
+                       max_probe_tokens=2048),
     "ci": ProbePlan(),
     "full": ProbePlan(prefill_lengths=(16, 128, 512, 1024, 2048, 4096, 8192), decode_batches=(1, 8, 32, 64, 128),
                       decode_prompts=(128, 1024), decode_tokens=128, handoff_lengths=(128, 1024, 4096),
-                      repeats=5, decode_repeats=3, max_batched_tokens=8192),
+                      repeats=5, decode_repeats=3, max_probe_tokens=131072),
 }
 
 
@@ -122,27 +126,41 @@ def probe_prefill(url: str, lengths: Sequence[int], *, repeats: int = 3, seed: i
     return points
 
 
+def decode_window(records: Sequence[RequestRecord]) -> tuple[float, float]:
+    """[last first token, first finish] (s): the span in which every stream of a probe decodes."""
+    return max(r.first_token_s for r in records), min(r.finish_s for r in records)
+
+
 def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: int = 64, repeats: int = 2,
                  seed: int = 0, **bench_kwargs: Any) -> list[dict[str, float]]:
     """Decode points: ``b`` concurrent streams of ``p``-token prompts generating ``output_tokens``.
 
-    time = median TPOT over streams and repeats (s) — the step time of a decode batch of ``b``
-    whose mean context is p + (O − 2)/2 tokens: the O − 1 decode steps read contexts p … p + O − 2
-    (the simulator's accounting, :mod:`pdlab.sim.engine`).
+    time = mean gap between consecutive tokens while all ``b`` streams decode (s; the span from the
+    last stream's first token to the first stream's end, :func:`decode_window`), over streams and
+    repeats: the step time of a pure decode batch of ``b``. Prompts that the server prefills over
+    several steps (b·p above its ``--max-num-batched-tokens``) are outside the span, so mixed steps
+    never enter. ``decode_ctx_tokens`` = b × the mean context of those steps: the gap from token
+    k to k + 1 (k from 0) is the step that reads p + k tokens (the simulator's accounting,
+    :mod:`pdlab.sim.engine`).
     """
     points = []
     for i, (b, p) in enumerate(pairs):
-        tpots, ctx = [], []
+        gaps, ctx = [], []
         for r in range(repeats):
             reqs = [Request(j, 0.0, int(p), int(output_tokens)) for j in range(int(b))]
             recs = _bench(url, reqs, seed=seed + 1000 * i + r, **bench_kwargs)
-            tpots += [t for rec in recs if (t := rec.tpot_s) is not None]
-            ctx += [server_prompt_tokens(rec) + (output_tokens - 2) / 2 for rec in recs]
-        if not tpots:
-            raise RuntimeError(f"decode probe b={b}, p={p}: no request produced more than one token")
+            start, end = decode_window(recs)
+            for rec in recs:
+                times = np.asarray(rec.token_times_s, dtype=float)
+                k = np.flatnonzero((times[:-1] >= start) & (times[1:] <= end))
+                gaps += list(times[k + 1] - times[k])
+                ctx += list(server_prompt_tokens(rec) + k)
+        if len(gaps) < 2 * int(b):
+            raise RuntimeError(f"decode probe b={b}, p={p}: the {b} streams decoded together for fewer than 2 "
+                               f"steps; raise decode_tokens (now {output_tokens})")
         points.append({"prefill_tokens": 0, "prefill_sq_tokens": 0.0, "decode_batch": int(b),
-                       "decode_ctx_tokens": float(b * np.mean(ctx)), "time_s": float(np.median(tpots)),
-                       "samples": len(tpots), "kind": "decode", "prompt_tokens": int(p)})
+                       "decode_ctx_tokens": float(b * np.mean(ctx)), "time_s": float(np.mean(gaps)),
+                       "samples": len(gaps), "kind": "decode", "prompt_tokens": int(p)})
     return points
 
 
@@ -229,6 +247,83 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
             "decode": max(0.0, decode_busy / decode_alone - 1.0)}
 
 
+def _mean_itl(records: Sequence[RequestRecord], start_s: float = -np.inf, end_s: float = np.inf) -> tuple[float, int]:
+    """Mean gap between consecutive tokens of ``records`` whose both ends lie in [start_s, end_s] (s), count."""
+    gaps = []
+    for rec in records:
+        times = np.asarray(rec.token_times_s or [], dtype=float)
+        if len(times) >= 2:
+            inside = (times[:-1] >= start_s) & (times[1:] <= end_s)
+            gaps.append(np.diff(times)[inside])
+    flat = np.concatenate(gaps) if gaps else np.empty(0)
+    return (float(flat.mean()) if len(flat) else float("nan")), int(len(flat))
+
+
+def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream_prompt: int = 256,
+                    side_prompt: int = 16, side_requests: int = 12, period_s: float = 0.4, seed: int = 0,
+                    **bench_kwargs: Any) -> dict[str, float]:
+    """Seconds each request handed off through the proxy takes from the streams already decoding.
+
+    ``streams`` streams of ``stream_prompt``-token prompts decode on ``decode_url``: alone, then
+    while ``side_requests`` ``side_prompt``-token prompts (``max_tokens=1``) arrive through the
+    proxy one every ``period_s``, then alone again. If each arrival stretches one decode step by
+    ``F`` seconds, the mean inter-token gap during the side traffic is m1 = m0·T/(T − F), so
+    F = T·(1 − m0/m1), with m0 the mean of the two runs alone (bracketing drift). Short side
+    prompts keep the prefill role's own contention out (a 16-token prefill is a few ms), so F is
+    the per-request work on the decode role's cores that a step-time model does not see: the
+    decode API server's HTTP and tokenisation of the prompt, the connector's bookkeeping, and on
+    a shared CPU the proxy's and the client's work. Returns the times (s) and ``overhead_s`` =
+    max(0, F): the simulator's ``InstanceSpec.admit_overhead_s``.
+    """
+    import threading
+
+    from pdlab.serve.bench import run_bench
+
+    span = side_requests * period_s
+    first = _bench(decode_url, [Request(i, 0.0, int(stream_prompt), 48) for i in range(streams)], seed=seed,
+                   **bench_kwargs)
+    alone0, _ = _mean_itl(first, *decode_window(first))
+    if not np.isfinite(alone0):
+        raise RuntimeError("admission probe: no decode stream produced more than one token")
+    tokens = int(np.ceil((span + 1.5) / alone0)) + 8     # outlast the side traffic, with a margin
+
+    def streams_run(tag: int) -> list[RequestRecord]:
+        return _bench(decode_url, [Request(i, 0.0, int(stream_prompt), tokens) for i in range(streams)],
+                      seed=seed + tag, **bench_kwargs)
+
+    side: list[RequestRecord] = []
+    errors: list[BaseException] = []
+
+    def side_traffic() -> None:
+        reqs = [Request(i, 0.5 + i * period_s, int(side_prompt), 1) for i in range(side_requests)]
+        try:
+            side.extend(run_bench(proxy_url, reqs, progress=False, seed=seed + 77, **bench_kwargs).records)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the thread ends
+            errors.append(exc)
+
+    before = streams_run(1)
+    worker = threading.Thread(target=side_traffic, daemon=True)
+    worker.start()
+    busy = streams_run(2)
+    worker.join(timeout=120)
+    after = streams_run(3)
+    bad = [r.error for r in side if not r.ok]
+    if errors or bad or len(side) != side_requests:
+        why = errors[0] if errors else (bad[0] if bad else f"{len(side)} of {side_requests} side requests ran")
+        raise RuntimeError(f"admission probe: side requests through {proxy_url} failed: {why}")
+    first_side = min(r.arrival_s for r in side)
+    window_end = first_side + span
+    if max(r.finish_s or 0.0 for r in busy) < window_end:
+        raise RuntimeError("admission probe: the decode streams ended before the side traffic; raise side_requests "
+                           "or lower period_s")
+    m_busy, n_busy = _mean_itl(busy, first_side, window_end)
+    m_alone = float(np.nanmean([_mean_itl(run, *decode_window(run))[0] for run in (before, after)]))
+    overhead = period_s * (1.0 - m_alone / m_busy)
+    return {"streams": int(streams), "stream_prompt": int(stream_prompt), "side_prompt": int(side_prompt),
+            "side_requests": int(side_requests), "period_s": float(period_s), "itl_alone_s": m_alone,
+            "itl_busy_s": m_busy, "gaps_busy": n_busy, "raw_overhead_s": overhead, "overhead_s": max(0.0, overhead)}
+
+
 # ---------------------------------------------------------------------------------------------
 # Calibration end to end
 
@@ -244,11 +339,12 @@ class CalibrationResult:
     kv_link: dict[str, float] | None = None
     seconds: float = 0.0
     contention: dict[str, float] | None = None
+    admission: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"prefill": list(self.latency.prefill), "decode": list(self.latency.decode),
                 "fit": self.latency.meta.get("fit"), "kv_link": self.kv_link, "seconds": self.seconds,
-                "cpu_contention": self.contention}
+                "cpu_contention": self.contention, "admission": self.admission}
 
 
 def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None = None,
@@ -259,7 +355,9 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     With ``proxy_url`` (a disaggregation proxy in front of those servers) the KV hand-off is
     probed too and fitted as a link with a fixed latency and a per-token time (``kv_link``).
     With two servers (``decode_url`` ≠ ``url``) each role's slowdown while the other works is
-    measured (:func:`probe_contention`, ``meta["cpu_contention"]``).
+    measured (:func:`probe_contention`, ``meta["cpu_contention"]``), and with a proxy too, what
+    each handed-off request costs the running decode streams (:func:`probe_admission`,
+    ``meta["admission"]``).
     ``plan`` is a :class:`ProbePlan` or a key of :data:`PROBE_PLANS`.
     """
 
@@ -287,7 +385,11 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
         contention = probe_contention(url, decode_url, prompt_tokens=plan.contention_prompt,
                                       repeats=plan.repeats, seed=seed + 3, **bench_kwargs)
         lat.meta["cpu_contention"] = contention
-    res = CalibrationResult(lat, pre, dec, handoff, link, time.perf_counter() - t0, contention)
+    admission = None
+    if proxy_url and decode_url and decode_url != url:
+        admission = probe_admission(proxy_url, decode_url, seed=seed + 4, **bench_kwargs)
+        lat.meta["admission"] = admission
+    res = CalibrationResult(lat, pre, dec, handoff, link, time.perf_counter() - t0, contention, admission)
     lat.meta["calibration_s"] = res.seconds
     return res
 

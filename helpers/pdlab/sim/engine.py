@@ -30,6 +30,11 @@ Hand-off physics (disaggregated clusters), each off or at the old behaviour by d
   CPU set-up runs prefill and decode servers on one machine): an iteration that starts while
   ``n`` other instances of the same group are busy takes ``1 + cpu_contention · n`` times as long.
   Default: no group, factor 0.
+- ``InstanceSpec.admit_overhead_s`` on decode instances — seconds each handed-off request adds
+  to the step that admits it: per-request work that runs on the decode role's cores between its
+  steps (the API server's HTTP and tokenisation, the connector's bookkeeping, and on the course's
+  CPU the proxy and client sharing those cores), measured live by
+  :func:`pdlab.serve.probes.probe_admission`. Default 0.
 """
 
 from __future__ import annotations

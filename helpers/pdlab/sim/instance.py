@@ -96,6 +96,7 @@ class Instance:
             self.prefix_cache = _PrefixLRU(max(1, self.capacity // self.block_tokens))
         self.cpu_peers: list[Instance] = []      # other instances of the same cpu_group (set by the simulator)
         self._counted_busy = False               # busy as seen by cpu_peers
+        self.admit_debt = 0.0                    # decode role: admit_overhead_s of requests admitted since the last step
 
     # -- state seen by dispatch policies ----------------------------------------------------------
     @property
@@ -298,6 +299,7 @@ class Instance:
                 r.staged = False
             waiting.popleft()
             running.append(r)
+            self.admit_debt += spec.admit_overhead_s
             free_decodes.append(r)
 
     def _form_batch(self, now: float) -> _Batch | None:
@@ -361,7 +363,7 @@ class Instance:
                 if left < remaining:
                     remaining = left
             room = (self.capacity - self.kv_used) // n_dec
-            k = max(1, min(remaining, room))
+            k = 1 if self.admit_debt else max(1, min(remaining, room))
         else:
             for r in decodes:
                 ctx += r.kv
@@ -371,7 +373,9 @@ class Instance:
         self.kv_used += k * n_dec
         if k == 1:
             t = self.latency.step_time_s(0, 0.0, n_dec, ctx)
-            return _Batch([], decodes, now, None, t * slow if slow != 1.0 else t)
+            t = (t * slow if slow != 1.0 else t) + self.admit_debt
+            self.admit_debt = 0.0
+            return _Batch([], decodes, now, None, t)
         if self._affine:
             plan = _Plan(self.latency.decode_affine(n_dec), ctx, n_dec, k, slow)
             return _Batch([], decodes, now, None, plan.elapsed(k), plan, k)

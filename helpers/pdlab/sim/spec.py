@@ -25,7 +25,8 @@ class InstanceSpec:
 
     ``prefix_caching`` / ``prefix_block_tokens``: vLLM-style automatic prefix caching on colocated
     and prefill instances (see :mod:`pdlab.sim.instance`). ``handoff_reservation`` (decode instances),
-    ``cpu_group`` and ``cpu_contention``: hand-off physics, see :mod:`pdlab.sim.engine`.
+    ``cpu_group``, ``cpu_contention`` and ``admit_overhead_s``: hand-off physics, see
+    :mod:`pdlab.sim.engine`.
     """
 
     latency: LatencyModel
@@ -41,6 +42,7 @@ class InstanceSpec:
     handoff_reservation: str = "prompt"
     cpu_group: str | None = None
     cpu_contention: float = 0.0
+    admit_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -57,6 +59,8 @@ class InstanceSpec:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.cpu_contention < 0:
             raise ValueError(f"cpu_contention must be >= 0, got {self.cpu_contention}")
+        if self.admit_overhead_s < 0:
+            raise ValueError(f"admit_overhead_s must be >= 0, got {self.admit_overhead_s}")
 
     @property
     def num_gpus(self) -> int:
