@@ -122,6 +122,21 @@ def test_probe_plans_are_identifiable_and_bad_plans_rejected():
         ProbePlan(decode_batches=(1,)).check()
 
 
+def test_merge_prefill_points_takes_the_median_over_every_pass():
+    from pdlab.serve.probes import merge_prefill_points
+
+    a = [{"prefill_tokens": 256, "prefill_sq_tokens": 256.0**2, "decode_batch": 0, "decode_ctx_tokens": 0,
+          "time_s": 0.05, "samples": 3, "kind": "prefill", "times_s": [0.04, 0.05, 0.09]}]
+    b = [{**a[0], "time_s": 0.07, "times_s": [0.07, 0.07, 0.08]},
+         {**a[0], "prefill_tokens": 512, "prefill_sq_tokens": 512.0**2, "time_s": 0.1, "times_s": [0.1]}]
+    merged = merge_prefill_points(a, b)
+    assert [p["prefill_tokens"] for p in merged] == [256, 512]
+    assert merged[0]["time_s"] == pytest.approx(0.07) and merged[0]["samples"] == 6 and merged[0]["passes"] == 2
+    assert merged[1]["time_s"] == pytest.approx(0.1) and merged[1]["passes"] == 1
+    with pytest.raises(ValueError, match="prefill_passes"):
+        ProbePlan(prefill_passes=3).check()
+
+
 # ------------------------------------------------------------------ KV hand-off
 def test_fit_handoff_recovers_latency_and_per_token_time():
     pts = [{"tokens": n, "ttft_s": TRUE.prefill_time_s([n]) + TRUE.decode_time_s([n]) + 0.012 + 2e-6 * n}
