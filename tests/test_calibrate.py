@@ -132,6 +132,7 @@ def test_merge_prefill_points_takes_the_median_over_every_pass():
     merged = merge_prefill_points(a, b)
     assert [p["prefill_tokens"] for p in merged] == [256, 512]
     assert merged[0]["time_s"] == pytest.approx(0.07) and merged[0]["samples"] == 6 and merged[0]["passes"] == 2
+    assert merged[0]["pass_medians_s"] == pytest.approx([0.05, 0.07])
     assert merged[1]["time_s"] == pytest.approx(0.1) and merged[1]["passes"] == 1
     with pytest.raises(ValueError, match="prefill_passes"):
         ProbePlan(prefill_passes=3).check()

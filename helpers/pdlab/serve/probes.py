@@ -134,7 +134,8 @@ def probe_prefill(url: str, lengths: Sequence[int], *, repeats: int = 3, seed: i
 
 def merge_prefill_points(*passes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Prefill points of several passes of :func:`probe_prefill` as one: per prompt length (the
-    server's count), the median over every pass's samples."""
+    server's count), the median over every pass's samples; ``pass_medians_s`` keeps each pass's
+    own median, in pass order (how far the machine drifted between them)."""
     by_len: dict[int, list[dict[str, Any]]] = {}
     for points in passes:
         for pt in points:
@@ -143,13 +144,21 @@ def merge_prefill_points(*passes: Sequence[dict[str, Any]]) -> list[dict[str, An
     for n in sorted(by_len):
         times = [t for pt in by_len[n] for t in pt.get("times_s", [pt["time_s"]])]
         out.append({**by_len[n][0], "time_s": float(np.median(times)), "samples": len(times), "times_s": times,
-                    "passes": len(by_len[n])})
+                    "passes": len(by_len[n]), "pass_medians_s": [float(pt["time_s"]) for pt in by_len[n]]})
     return out
 
 
 def decode_window(records: Sequence[RequestRecord]) -> tuple[float, float]:
     """[last first token, first finish] (s): the span in which every stream of a probe decodes."""
     return max(r.first_token_s for r in records), min(r.finish_s for r in records)
+
+
+def _window_gaps(rec: RequestRecord, start_s: float, end_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Token gaps (s) of ``rec`` with both ends in [start_s, end_s], and the index k of each gap's
+    first token (the gap from token k to k + 1)."""
+    times = np.asarray(rec.token_times_s or [], dtype=float)
+    k = np.flatnonzero((times[:-1] >= start_s) & (times[1:] <= end_s))
+    return times[k + 1] - times[k], k
 
 
 def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: int = 64, repeats: int = 2,
@@ -172,9 +181,8 @@ def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: i
             recs = _bench(url, reqs, seed=seed + 1000 * i + r, **bench_kwargs)
             start, end = decode_window(recs)
             for rec in recs:
-                times = np.asarray(rec.token_times_s, dtype=float)
-                k = np.flatnonzero((times[:-1] >= start) & (times[1:] <= end))
-                gaps += list(times[k + 1] - times[k])
+                g, k = _window_gaps(rec, start, end)
+                gaps += list(g)
                 ctx += list(server_prompt_tokens(rec) + k)
         if len(gaps) < 2 * int(b):
             raise RuntimeError(f"decode probe b={b}, p={p}: the {b} streams decoded together for fewer than 2 "
@@ -268,16 +276,10 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
             "decode": max(0.0, decode_busy / decode_alone - 1.0)}
 
 
-def _mean_itl(records: Sequence[RequestRecord], start_s: float = -np.inf, end_s: float = np.inf) -> tuple[float, int]:
+def _mean_itl(records: Sequence[RequestRecord], start_s: float, end_s: float) -> tuple[float, int]:
     """Mean gap between consecutive tokens of ``records`` whose both ends lie in [start_s, end_s] (s), count."""
-    gaps = []
-    for rec in records:
-        times = np.asarray(rec.token_times_s or [], dtype=float)
-        if len(times) >= 2:
-            inside = (times[:-1] >= start_s) & (times[1:] <= end_s)
-            gaps.append(np.diff(times)[inside])
-    flat = np.concatenate(gaps) if gaps else np.empty(0)
-    return (float(flat.mean()) if len(flat) else float("nan")), int(len(flat))
+    gaps = np.concatenate([_window_gaps(rec, start_s, end_s)[0] for rec in records])
+    return (float(gaps.mean()) if len(gaps) else float("nan")), int(len(gaps))
 
 
 def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream_prompt: int = 256,
@@ -298,8 +300,6 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
     """
     import threading
 
-    from pdlab.serve.bench import run_bench
-
     span = side_requests * period_s
     first = _bench(decode_url, [Request(i, 0.0, int(stream_prompt), 48) for i in range(streams)], seed=seed,
                    **bench_kwargs)
@@ -318,7 +318,7 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
     def side_traffic() -> None:
         reqs = [Request(i, 0.5 + i * period_s, int(side_prompt), 1) for i in range(side_requests)]
         try:
-            side.extend(run_bench(proxy_url, reqs, progress=False, seed=seed + 77, **bench_kwargs).records)
+            side.extend(_bench(proxy_url, reqs, seed=seed + 77, **bench_kwargs))
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the thread ends
             errors.append(exc)
 
@@ -328,9 +328,8 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
     busy = streams_run(2)
     worker.join(timeout=120)
     after = streams_run(3)
-    bad = [r.error for r in side if not r.ok]
-    if errors or bad or len(side) != side_requests:
-        why = errors[0] if errors else (bad[0] if bad else f"{len(side)} of {side_requests} side requests ran")
+    if errors or len(side) != side_requests:
+        why = errors[0] if errors else f"{len(side)} of {side_requests} side requests ran"
         raise RuntimeError(f"admission probe: side requests through {proxy_url} failed: {why}")
     first_side = min(r.arrival_s for r in side)
     window_end = first_side + span
