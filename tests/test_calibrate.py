@@ -13,6 +13,7 @@ from pdlab.calibrate import (
     TTFT_PHASES,
     build_sim,
     compare_runs,
+    decode_steps_vs_model,
     error_table,
     fit_handoff,
     fit_profile,
@@ -332,3 +333,24 @@ def test_ttft_phases_live_and_simulated_add_up_and_load_is_work_over_span():
     assert math.isclose(offered_prefill_load(reqs, TRUE), 20 * TRUE.prefill_time_s([300]), rel_tol=1e-9)
     with pytest.raises(ValueError, match="at once"):
         offered_prefill_load(make_requests([0.0, 0.0], 10, 2), TRUE)
+
+
+def test_decode_steps_vs_model_is_one_where_the_steps_follow_the_fit():
+    """Two streams whose token gaps are exactly the fitted step of the batch at that moment give a
+    ratio of 1; gaps while a third request waits for its first token are not quiet."""
+    lat = FittedLatency((0.01, 0.0, 0.0), (0.005, 1e-5, 0.001))
+    t, times = 0.0, []
+    for k in range(6):                        # both streams decode together: contexts 100 + k, 200 + k
+        times.append(t)
+        t += lat.decode_time_s([100 + k, 200 + k])
+    a = RequestRecord(0, -0.1, 100, 7, times[0], times[-1], token_times_s=list(times))
+    b = RequestRecord(1, -0.1, 200, 7, times[0], times[-1], token_times_s=list(times))
+    rows = decode_steps_vs_model([a, b], lat)
+    assert [r["batch"] for r in rows] == ["1-3"] and rows[0]["gaps"] == 10 and rows[0]["quiet gaps"] == 10
+    assert rows[0]["live / fitted, quiet"] == pytest.approx(1.0)
+    waiting = RequestRecord(2, times[2] - 0.001, 50, 2, times[4] + 1.0, times[4] + 1.1, token_times_s=[times[4] + 1.0,
+                                                                                                      times[4] + 1.1])
+    rows = decode_steps_vs_model([a, b, waiting], lat)
+    assert rows[0]["quiet gaps"] < rows[0]["gaps"] - 1
+    with pytest.raises(ValueError, match="two or more token times"):
+        decode_steps_vs_model([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], lat)

@@ -417,7 +417,8 @@ def decode_steps_vs_model(records: Sequence[RequestRecord], latency: FittedLaten
 
     Each gap between two tokens of a stream is one decode step of the server. Its batch B is the
     number of streams between their first and last token at the gap's midpoint, its context the
-    sum of their prompts and tokens so far; the fitted step is ``latency.decode_time_s`` of those.
+    sum over them of p + k (prompt, and k = tokens before the midpoint − 1: the gap from token k to
+    k + 1 reads p + k, the decode probe's and the simulator's accounting); the fitted step is ``latency.decode_time_s`` of those.
     A gap is *quiet* when no request is waiting for its first token (no prefill, no hand-off under
     way): there the step is pure decode, which is what the decode probe measured. Returns one row
     per batch range [lo, hi): gaps, quiet gaps, and the median of live / fitted over each (1.0 =
@@ -435,7 +436,7 @@ def decode_steps_vs_model(records: Sequence[RequestRecord], latency: FittedLaten
     for t in times:
         for gap, mid in zip(np.diff(t), 0.5 * (t[1:] + t[:-1]), strict=True):
             active = np.flatnonzero((first <= mid) & (mid <= last))
-            ctx = [int(prompt[j] + np.searchsorted(times[j], mid)) for j in active]
+            ctx = [int(prompt[j] + np.searchsorted(times[j], mid) - 1) for j in active]   # p + k, as the probe
             quiet = not np.any((arrival <= mid) & (mid < first))
             rows.append((len(active), gap / latency.decode_time_s(ctx), quiet))
     batch = np.array([b for b, _, _ in rows])
