@@ -161,6 +161,12 @@ def _window_gaps(rec: RequestRecord, start_s: float, end_s: float) -> tuple[np.n
     return times[k + 1] - times[k], k
 
 
+def _mean_itl(records: Sequence[RequestRecord], start_s: float, end_s: float) -> tuple[float, int]:
+    """Mean gap between consecutive tokens of ``records`` whose both ends lie in [start_s, end_s] (s), count."""
+    gaps = np.concatenate([_window_gaps(rec, start_s, end_s)[0] for rec in records])
+    return (float(gaps.mean()) if len(gaps) else float("nan")), int(len(gaps))
+
+
 def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: int = 64, repeats: int = 2,
                  seed: int = 0, **bench_kwargs: Any) -> list[dict[str, float]]:
     """Decode points: ``b`` concurrent streams of ``p``-token prompts generating ``output_tokens``.
@@ -219,9 +225,9 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
     """How much each role slows down while the other one works (two servers on one host).
 
     Prefill: the median TTFT of ``repeats`` single ``prompt_tokens``-token prompts, alone and
-    while ``decode_streams`` streams decode on ``decode_url``. Decode: the median TPOT of
-    ``decode_streams`` streams, alone and while prompts are prefilled back to back on
-    ``prefill_url``. Returns the times (s) and ``prefill``/``decode`` = max(0, busy/alone − 1):
+    while ``decode_streams`` streams decode on ``decode_url``. Decode: the decode step of
+    ``decode_streams`` streams (their mean token gap while all decode, as :func:`probe_decode`),
+    alone and while prompts are prefilled back to back on ``prefill_url``. Returns the times (s) and ``prefill``/``decode`` = max(0, busy/alone − 1):
     the simulator's ``InstanceSpec.cpu_contention`` of each role (an iteration takes
     ``1 + cpu_contention`` times as long while the other instance is busy). Measured, not fitted:
     on the course's 2-core CPU the roles are pinned to a core each but share the last-level
@@ -236,10 +242,11 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
 
     def decodes(tag: int) -> float:
         reqs = [Request(i, 0.0, int(decode_prompt), int(decode_tokens)) for i in range(decode_streams)]
-        tpots = [t for r in _bench(decode_url, reqs, seed=seed + tag, **bench_kwargs) if (t := r.tpot_s) is not None]
-        if not tpots:
-            raise RuntimeError("contention probe: no decode stream produced more than one token")
-        return float(np.median(tpots))
+        recs = _bench(decode_url, reqs, seed=seed + tag, **bench_kwargs)
+        step, _ = _mean_itl(recs, *decode_window(recs))
+        if not np.isfinite(step):
+            raise RuntimeError("contention probe: the decode streams never decoded together; raise decode_tokens")
+        return step
 
     def while_busy(background, measure) -> float:
         stop, errors = threading.Event(), []
@@ -274,12 +281,6 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
             "decode_alone_s": decode_alone, "decode_busy_s": decode_busy,
             "prefill": max(0.0, prefill_busy / prefill_alone - 1.0),
             "decode": max(0.0, decode_busy / decode_alone - 1.0)}
-
-
-def _mean_itl(records: Sequence[RequestRecord], start_s: float, end_s: float) -> tuple[float, int]:
-    """Mean gap between consecutive tokens of ``records`` whose both ends lie in [start_s, end_s] (s), count."""
-    gaps = np.concatenate([_window_gaps(rec, start_s, end_s)[0] for rec in records])
-    return (float(gaps.mean()) if len(gaps) else float("nan")), int(len(gaps))
 
 
 def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream_prompt: int = 256,
