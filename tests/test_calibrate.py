@@ -233,6 +233,10 @@ def test_disaggregated_sim_applies_measured_contention_and_vllm_handoff():
     pre, dec = sim.specs
     assert (pre.cpu_contention, dec.cpu_contention) == (0.5, 0.0) and pre.cpu_group == dec.cpu_group == "host"
     assert dec.handoff_reservation == "vllm" and sim.link.sharing == "fair"
+    # the admission probe's F is at the CPU's noise level: kept in meta, used only when passed
+    lat.meta["admission"] = {"overhead_s": 0.06}
+    assert build_sim("disaggregated", lat).specs[1].admit_overhead_s == 0.0
+    assert build_sim("disaggregated", lat, admit_overhead_s=0.01).specs[1].admit_overhead_s == 0.01
 
 
 def test_requests_from_records_uses_send_times_and_server_tokens():

@@ -219,7 +219,7 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
               kv_capacity_tokens: int = 131072, token_budget: int = 2048, max_num_seqs: int = 128,
               kv_link: Mapping[str, float] | None = None, cpu_contention: Mapping[str, float] | None = None,
               handoff_reservation: str = "vllm", link_sharing: str = "fair",
-              admit_overhead_s: float | None = None):
+              admit_overhead_s: float = 0.0):
     """A :class:`pdlab.sim.Simulator` shaped like the live set-up.
 
     ``colocated``: one instance, vLLM V1 scheduling = chunked prefill with ``token_budget``
@@ -233,8 +233,10 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     by ``cpu_contention`` = ``{"prefill": c_p, "decode": c_d}`` (default:
     ``latency.meta["cpu_contention"]``, measured by :func:`pdlab.serve.probes.probe_contention`; else none),
     and every handed-off request adds ``admit_overhead_s`` to the decode step that admits it
-    (default: ``latency.meta["admission"]["overhead_s"]``, measured by
-    :func:`pdlab.serve.probes.probe_admission`; else 0).
+    (default 0, not read from the profile: :func:`pdlab.serve.probes.probe_admission` stores its
+    measurement in ``latency.meta["admission"]``, but on the course's 2-core CPU it ranged from
+    −25 to +63 ms across runs, noise that a replay would turn into 20–40% TPOT error; pass it
+    explicitly where the probe resolves it, e.g. on a GPU host).
     """
     from pdlab.sim import ClusterSpec, KVLink, PoolSpec, build_cluster
 
@@ -252,8 +254,6 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     contention = dict(cpu_contention if cpu_contention is not None else latency.meta.get("cpu_contention") or {})
     shared = {role: float(contention.get(role, 0.0)) for role in ("prefill", "decode")}
     group = "host" if any(shared.values()) else None
-    if admit_overhead_s is None:
-        admit_overhead_s = float((latency.meta.get("admission") or {}).get("overhead_s", 0.0))
     common = dict(token_budget=token_budget, max_num_seqs=max_num_seqs, max_batched_tokens=token_budget,
                   cpu_group=group)
     pools = [PoolSpec("prefill", latency=latency, kv_capacity_tokens=kv_capacity_tokens,
