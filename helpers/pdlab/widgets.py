@@ -164,11 +164,12 @@ def queueing_explorer(rate: float = 0.5, service_s: float = 1.0, speedup: float 
 # --- Interference explorer (notebook 06) ---------------------------------------------------------
 
 def interference_figure(rate: float = 4.0, token_budget: int = 512, gpu: str = "h100-sxm",
-                        model: str = "llama-3-8b", requests: int = 300, seed: int = 0) -> go.Figure:
+                        model: str = "llama-3-8b", requests: int = 300, seed: int = 0,
+                        link: str = "nvlink4") -> go.Figure:
     """Simulated p50/p99 TTFT and ITL for colocated, chunked (``token_budget``) and 1P1D serving.
 
     Same Poisson workload (ShareGPT lengths) for all three on two GPUs' worth of hardware:
-    2 colocated instances, 2 chunked instances, or 1 prefill + 1 decode instance over NVLink.
+    2 colocated instances, 2 chunked instances, or 1 prefill + 1 decode instance whose KV moves over ``link``.
     """
     from plotly.subplots import make_subplots
 
@@ -179,7 +180,7 @@ def interference_figure(rate: float = 4.0, token_budget: int = 512, gpu: str = "
         "colocated": simulate(reqs, "colocated", gpu, model, instances=2),
         f"chunked ({token_budget} tokens)": simulate(reqs, "chunked", gpu, model, instances=2,
                                                      token_budget=token_budget),
-        "disaggregated 1P1D": simulate(reqs, "disaggregated", gpu, model, prefill=1, decode=1, link="nvlink4"),
+        "disaggregated 1P1D": simulate(reqs, "disaggregated", gpu, model, prefill=1, decode=1, link=link),
     }
     colors = ["#7f7f7f", "#ff7f0e", "#2ca02c"]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT", "inter-token latency"))
@@ -198,7 +199,7 @@ def interference_figure(rate: float = 4.0, token_budget: int = 512, gpu: str = "
 
 
 def interference_explorer(rate: float = 4.0, token_budget: int = 512, gpu: str = "h100-sxm",
-                          model: str = "llama-3-8b") -> Any:
+                          model: str = "llama-3-8b", link: str = "nvlink4") -> Any:
     """Arrival-rate and chunk-budget controls driving :func:`interference_figure` (re-simulated)."""
     import ipywidgets as widgets
 
@@ -210,6 +211,6 @@ def interference_explorer(rate: float = 4.0, token_budget: int = 512, gpu: str =
     }
 
     def draw(rate: float, token_budget: int) -> go.Figure:
-        return interference_figure(rate, token_budget, gpu, model)
+        return interference_figure(rate, token_budget, gpu, model, link=link)
 
     return explorer(controls, draw)

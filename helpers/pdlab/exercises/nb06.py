@@ -7,6 +7,9 @@ from pdlab.sim.latency import LatencyModel
 
 __all__ = ["check_stall", "check_chunks", "check_best_budget", "best_budget"]
 
+ONE_CALL_OK = {"Exercise 1": "the work is choosing step_time_s's arguments: no decodes in the iteration, "
+                             "prefill_sq_tokens = l² for one unchunked prompt"}
+
 
 def check_stall(value, latency: LatencyModel, prompt_tokens: int) -> CheckResult:
     """Exercise 1: how long running decodes stall while one prompt is prefilled unchunked."""
