@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install.sh
+$(STAMP): pyproject.toml scripts/install.sh scripts/install_peers.sh
 	bash scripts/install.sh $(PYTHON) $(VENV)
 	@touch $(STAMP)
 

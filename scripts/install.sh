@@ -42,3 +42,6 @@ pip=("$venv/bin/python" -m pip)
 # Register the course kernel inside the venv (papermill and JupyterLab use it by name).
 "$venv/bin/python" -m ipykernel install --sys-prefix --name pdlab --display-name "Python (pdlab course)" >/dev/null
 echo "installed pdlab into $venv"
+# Dynamo's trace replay and vllm-router live in their own venv (pinned pydantic/kubernetes conflict with
+# this one): see scripts/install_peers.sh.
+bash "$(dirname "$0")/install_peers.sh" "$python_bin" "${PDLAB_PEERS_VENV:-.venv-peers}"
