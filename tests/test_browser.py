@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 from pdlab.models import get_model, kv_bytes_per_token
 from pdlab.paths import build_dir, repo_root
-from pdlab.serve.process import free_port
+from pdlab.process import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ LAYERS: dict[str, int] = {
     # 0 — foundation: paths, catalog data (GPUs, links, models), plot style, process hygiene
     "pdlab": 0, "pdlab.paths": 0, "pdlab.catalog": 0, "pdlab.hardware": 0, "pdlab.models": 0,
     "pdlab.plots": 0,
-    "pdlab.serve.process": 0,  # the one process supervisor and free_port; transfer peers use it too
+    "pdlab.process": 0,  # the one process supervisor and free_port; transfer peers use it too
     # 1 — workloads and metrics (what arrives, how it is scored; prefix-block hashing)
     "pdlab.workloads": 1, "pdlab.metrics": 1, "pdlab.kvcache": 1,
     # 2 — analysis: roofline, KV transfer (napkin and measured)
@@ -95,6 +95,14 @@ def test_no_module_imports_a_layer_above_its_own():
             if layer_of(dep) > mine:
                 upward.append(f"{name} (layer {mine}) imports {dep} (layer {layer_of(dep)})")
     assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+def test_transfer_imports_nothing_from_serve():
+    """The transfer measurements (layer 2) use the foundation's process supervisor, never the serving layer."""
+    offenders = [f"{_module_name(path)} imports {dep}"
+                 for path in sorted((PKG / "transfer").rglob("*.py"))
+                 for dep in sorted(pdlab_imports(path)) if dep == "pdlab.serve" or dep.startswith("pdlab.serve.")]
+    assert not offenders, "transfer/ imports the serving layer:\n" + "\n".join(offenders)
 
 
 def test_the_rule_catches_an_upward_import(tmp_path):

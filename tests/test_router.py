@@ -189,7 +189,7 @@ def _fake_backend(name: str, *, status: int = 200, tokens: int = 3, delay_s: flo
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    from pdlab.serve.process import free_port
+    from pdlab.process import free_port
 
     runner = web.AppRunner(app)
     await runner.setup()
@@ -245,7 +245,7 @@ def test_router_http_errors_are_clean_4xx_5xx():
         die_app, _ = _fake_backend("die", tokens=5, die=True)
         runners = [await _serve(a) for a in (bad_app, four_app, die_app)]
         (_, bad), (_, four), (_, die) = runners
-        from pdlab.serve.process import free_port
+        from pdlab.process import free_port
 
         dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
         try:
@@ -290,7 +290,7 @@ def test_router_config_validation():
 def test_router_leaves_no_process_and_no_listener():
     import socket
 
-    from pdlab.serve.process import live_processes
+    from pdlab.process import live_processes
 
     async def main():
         cfg = RouterConfig(["http://127.0.0.1:9"], None, AllColocated(), ConstantPredictor())

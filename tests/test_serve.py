@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from pdlab.cli import main as cli_main
 from pdlab.metrics import SLO
 from pdlab.serve.evidence import MetricsSnapshot, kv_transfer_evidence, parse_prometheus
-from pdlab.serve.process import (
+from pdlab.process import (
     PortInUseError,
     ServerStartError,
     check_port_free,

@@ -295,7 +295,7 @@ class RouterServer:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> str:
-        from pdlab.serve.process import free_port
+        from pdlab.process import free_port
 
         if self.port is None:
             self.port = free_port(self.host)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdlab.paths import build_dir
-from pdlab.serve.process import ManagedProcess, check_port_free, spawn, wait_http_ok
+from pdlab.process import ManagedProcess, check_port_free, spawn, wait_http_ok
 
 __all__ = [
     "sglang_status",

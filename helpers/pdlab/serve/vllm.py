@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pdlab.paths import build_dir
-from pdlab.serve.process import (
+from pdlab.process import (
     ManagedProcess,
     ServerStartError,
     check_port_free,

@@ -1,6 +1,6 @@
 """Peers of transfer benchmarks: processes that report JSON lines on a pipe, always stopped.
 
-Processes are started and stopped by :func:`pdlab.serve.process.spawn` (the course's one process
+Processes are started and stopped by :func:`pdlab.process.spawn` (the course's one process
 supervisor: own process group, stopped by PID with the whole group, registered for clean-up at
 exit). This module adds the report pipe: a :class:`ReportingProcess` gets the write end of a pipe
 as ``--report-fd N`` and writes one JSON object a line to it; logs go to ``build/transfer-logs/``.
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pdlab.paths import build_dir
-from pdlab.serve.process import ManagedProcess, spawn
+from pdlab.process import ManagedProcess, spawn
 
 __all__ = ["ReportingProcess", "PeerProcess", "log_dir", "PeerError"]
 
@@ -36,7 +36,7 @@ def log_dir() -> Path:
 
 
 class ReportingProcess:
-    """``argv --report-fd N`` under :func:`~pdlab.serve.process.spawn`: JSON plans on its stdin,
+    """``argv --report-fd N`` under :func:`~pdlab.process.spawn`: JSON plans on its stdin,
     JSON reports (one a line) read from the pipe into :attr:`reports`; ``None`` marks its end."""
 
     def __init__(self, role: str, argv: Sequence[str], log_name: str, *, env: dict[str, str] | None = None,

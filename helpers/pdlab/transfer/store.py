@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pdlab.serve.process import ManagedProcess, free_port, spawn
+from pdlab.process import ManagedProcess, free_port, spawn
 from pdlab.transfer.procs import PeerError, ReportingProcess, log_dir
 
 __all__ = ["store_status", "master_binary", "MooncakeMaster", "StoreClient", "prefix_block_keys",

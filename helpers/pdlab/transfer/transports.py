@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdlab.serve.process import free_port
+from pdlab.process import free_port
 from pdlab.transfer.kvbuffer import KVLayout
 
 __all__ = ["TRANSPORTS", "PEER_TRANSPORTS", "DEFAULT_TRANSPORTS", "TransportInfo", "TransportUnavailable",
@@ -107,6 +107,12 @@ def transport_status(name: str) -> tuple[bool, str]:
             from mooncake.engine import TransferEngine  # noqa: F401  (loads libibverbs)
         except ImportError as exc:
             return False, f"mooncake does not load ({exc}): {info.install}"
+        from pdlab.transfer.netns import ALL_INTERFACE_TRANSPORTS, namespace_status
+
+        contained, why = namespace_status()
+        if not contained:
+            return False, (f"{ALL_INTERFACE_TRANSPORTS['mooncake']}; the course runs it only inside a "
+                           f"loopback-only network namespace, and {why}")
         return True, ""
     if name.startswith("nixl"):
         if _module_missing("nixl") or (_module_missing("nixl_cu12") and _module_missing("nixl_cu13")):

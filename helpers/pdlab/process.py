@@ -1,0 +1,290 @@
+"""Process hygiene for live servers: start in a new process group, stop the whole group, by PID.
+
+Every process started through :func:`spawn` runs in its own session (``start_new_session``), so
+its process group id equals its PID and holds every child it forks (vLLM's engine core, its
+workers). :meth:`ManagedProcess.stop` sends SIGTERM to that group, waits, then SIGKILL: nothing
+started here outlives it. A registry stops whatever is still running at interpreter exit
+(``atexit``) and on SIGTERM/SIGHUP; on Linux a child also gets SIGTERM if its parent dies
+(``PR_SET_PDEATHSIG``). Only processes started here are ever signalled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = [
+    "ManagedProcess",
+    "PortInUseError",
+    "ServerStartError",
+    "spawn",
+    "stop_all",
+    "live_processes",
+    "check_port_free",
+    "free_port",
+    "tail",
+    "parse_cpu_list",
+    "listening_sockets",
+    "wait_http_ok",
+]
+
+
+class PortInUseError(RuntimeError):
+    """A port this server needs on 127.0.0.1 is taken by another process."""
+
+
+class ServerStartError(RuntimeError):
+    """A server exited or did not become healthy in time; the message holds its log's tail."""
+
+
+_REGISTRY: dict[int, ManagedProcess] = {}
+_LOCK = threading.Lock()
+_HOOKS_INSTALLED = False
+
+
+def tail(path: str | Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a text file ('' if it does not exist)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def check_port_free(port: int, host: str = "127.0.0.1", what: str = "server") -> None:
+    """Raise :class:`PortInUseError` if ``host:port`` cannot be bound now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Servers (uvicorn, aiohttp) set SO_REUSEADDR, so TIME_WAIT leftovers do not block them;
+        # only a live listener does. Check the same way.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                raise PortInUseError(f"port {port} on {host} is already in use; the {what} cannot start there. "
+                                     f"Stop what holds it (`ss -ltnp 'sport = :{port}'`) or pick another port.") from exc
+            raise
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _pdeathsig() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def parse_cpu_list(spec: str) -> set[int]:
+    """CPU ids of a list such as ``"0"``, ``"0-1"`` or ``"0,2-3"`` (the ``taskset -c`` syntax)."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise ValueError(f"bad CPU list {spec!r}: use forms like 0, 0-1 or 0,2-3") from None
+    if not cpus:
+        raise ValueError(f"empty CPU list {spec!r}")
+    return cpus
+
+
+class ManagedProcess:
+    """A child process in its own process group, logging to a file; stop it with :meth:`stop`."""
+
+    def __init__(self, name: str, popen: subprocess.Popen, log_path: Path):
+        self.name = name
+        self.popen = popen
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return tail(self.log_path, lines)
+
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)  # pgid == pid: the group this module created
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM the process group, wait up to ``timeout_s``, then SIGKILL it. Idempotent."""
+        if self.popen.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # Children of the group may outlive the leader: always finish the group off.
+        self._signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+        if self.popen.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
+        with _LOCK:
+            _REGISTRY.pop(self.pid, None)
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the whole group now (fault injection); the registry entry stays until :meth:`stop`."""
+        self._signal_group(signal.SIGKILL)
+
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive() else f"exited {self.returncode}"
+        return f"<ManagedProcess {self.name} pid={self.pid} {state} log={self.log_path}>"
+
+
+def stop_all() -> None:
+    """Stop every process this module started that is still registered."""
+    with _LOCK:
+        procs = list(_REGISTRY.values())
+    for proc in procs:
+        proc.stop(timeout_s=5)
+
+
+def live_processes() -> list[ManagedProcess]:
+    """Registered processes (started here and not yet stopped)."""
+    with _LOCK:
+        return list(_REGISTRY.values())
+
+
+def _on_signal(signum, frame):  # pragma: no cover - exercised through subprocess tests
+    stop_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_hooks() -> None:
+    global _HOOKS_INSTALLED
+    if _HOOKS_INSTALLED:
+        return
+    _HOOKS_INSTALLED = True
+    atexit.register(stop_all)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError, OSError):
+                if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                    signal.signal(sig, _on_signal)
+
+
+def spawn(name: str, argv: Sequence[str], log_path: str | Path, *, env: Mapping[str, str] | None = None,
+          cwd: str | Path | None = None, stdin: int | None = subprocess.DEVNULL,
+          pass_fds: Sequence[int] = (), cpus: str | None = None) -> ManagedProcess:
+    """Start ``argv`` in a new process group with stdout+stderr to ``log_path``; register it.
+
+    ``cpus`` (Linux, e.g. ``"0"`` or ``"0-1"``): the child and everything it starts run on those
+    cores only (affinity set between fork and exec, so its children inherit it).
+
+    ``stdin``: ``subprocess.DEVNULL`` (default) or ``subprocess.PIPE`` (then write to
+    ``proc.popen.stdin``; :meth:`ManagedProcess.stop` closes it). ``pass_fds``: file descriptors
+    the child inherits (for example the write end of a report pipe).
+    """
+    _install_hooks()
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    linux = sys.platform.startswith("linux")
+    allowed = parse_cpu_list(cpus) if cpus and linux else None
+    if allowed is not None and not allowed <= os.sched_getaffinity(0):
+        raise ValueError(f"{name}: cores {cpus} are not all available here (have {sorted(os.sched_getaffinity(0))})")
+
+    def preexec() -> None:  # runs in the child between fork and exec
+        _pdeathsig()
+        if allowed is not None:
+            os.sched_setaffinity(0, allowed)
+
+    with open(log_path, "w") as log:
+        log.write(f"$ {' '.join(argv)}\n")
+        log.flush()
+        popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=stdin,
+                                 env=full_env, cwd=cwd, start_new_session=True, pass_fds=tuple(pass_fds),
+                                 preexec_fn=preexec if linux else None)
+    proc = ManagedProcess(name, popen, log_path)
+    with _LOCK:
+        _REGISTRY[proc.pid] = proc
+    return proc
+
+
+def wait_http_ok(proc: ManagedProcess, url: str, timeout_s: float, *, poll_s: float = 0.5) -> float:
+    """Poll ``url`` until it answers 200; return seconds waited.
+
+    Raises :class:`ServerStartError` (with the log's tail) if the process exits or the time runs out.
+    """
+    import urllib.error
+    import urllib.request
+
+    start = time.monotonic()
+    while True:
+        if not proc.alive():
+            raise ServerStartError(f"{proc.name} exited with status {proc.returncode} before {url} answered. "
+                                   f"Log {proc.log_path}, last lines:\n{proc.log_tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - start
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if time.monotonic() - start > timeout_s:
+            raise ServerStartError(f"{proc.name} did not answer {url} within {timeout_s:.0f} s. "
+                                   f"Log {proc.log_path}, last lines:\n{proc.log_tail()}")
+        time.sleep(poll_s)
+
+
+def listening_sockets(root_pids: Sequence[int]) -> list[tuple[int, str, str, int]]:
+    """``(pid, process name, address, port)`` of every TCP/UDP socket listening (or bound, UDP)
+    in the process trees under ``root_pids`` (psutil; Linux needs no privileges for own processes)."""
+    import psutil
+
+    pids: set[int] = set()
+    for root in root_pids:
+        try:
+            proc = psutil.Process(root)
+            pids.update([proc.pid, *(c.pid for c in proc.children(recursive=True))])
+        except psutil.NoSuchProcess:
+            continue
+    out = []
+    for pid in sorted(pids):
+        try:
+            proc = psutil.Process(pid)
+            conns = proc.net_connections(kind="inet")
+            name = proc.name()
+        except psutil.NoSuchProcess:
+            continue
+        for c in conns:
+            listening = c.status == psutil.CONN_LISTEN or (c.type == 2 and not c.raddr)  # SOCK_DGRAM, unconnected
+            if listening and c.laddr:
+                out.append((pid, name, c.laddr.ip, c.laddr.port))
+    return out
