@@ -30,7 +30,8 @@ LAYERS: dict[str, int] = {
     "pdlab.sim": 3,
     # 4 — built on the simulator: schedulers (queueing check, placement, Conductor, pools), the
     # router's simulation and policies, calibration fits, sim-vs-real statistics
-    "pdlab.sched": 4, "pdlab.router": 4, "pdlab.router.sim": 4, "pdlab.router.policies": 4,
+    "pdlab.sched": 4, "pdlab.sched.deploy_export": 4,  # placements written as Dynamo / llm-d deployments
+    "pdlab.router": 4, "pdlab.router.sim": 4, "pdlab.router.policies": 4,
     "pdlab.calibrate": 4,  # pure fits and replays; the live probes are pdlab.serve.probes
     "pdlab.aic_compare": 4, "pdlab.validation": 4,
     "pdlab.roofline.gpu_profile": 4, "pdlab.roofline.gpu_profile_files": 4, "pdlab.roofline.steps": 4,  # measure and fit sim latency: calibration

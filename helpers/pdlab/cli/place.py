@@ -5,6 +5,17 @@ from __future__ import annotations
 import argparse
 
 from pdlab.cli import CLIError, emit
+from pdlab.sched.deploy_export import EXPORT_TARGETS, ROUTER_MODES
+
+
+class _ExportAction(argparse.Action):
+    """``--export TARGET DIR``, repeatable; an unknown TARGET is a usage error (exit 2) listing the targets."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        target, directory = values
+        if target not in EXPORT_TARGETS:
+            parser.error(f"argument --export: invalid choice: {target!r} (choose from {', '.join(EXPORT_TARGETS)})")
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), (target, directory)])
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-instance-gpus", type=int, help="Alg. 1: largest instance, GPUs (default: --gpus-per-node)")
     p.add_argument("--profile", choices=["smoke", "ci", "full"], default="ci", help="search size (default ci)")
     p.add_argument("--workers", type=int, help="processes (default: all cores)")
+    p.add_argument("--export", nargs=2, action=_ExportAction, metavar=("TARGET", "DIR"),
+                   help=f"also write the placement for a cluster into DIR; TARGET: {', '.join(EXPORT_TARGETS)} "
+                        "(repeat for both; nothing is written unless every export validates)")
+    p.add_argument("--export-model", help="Hugging Face repo the exported workers serve (default: the catalog's)")
+    p.add_argument("--export-router-mode", choices=ROUTER_MODES, default="kv",
+                   help="Dynamo frontend --router-mode in the export (default kv)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -67,5 +84,14 @@ def run(args: argparse.Namespace) -> int:
             f"(searched in {result.search_wall_s:.1f} s)")
     if result.bandwidth_limited:
         text += "; rate capped by the cross-node bandwidth"
+    if args.export:
+        from pdlab.sched.deploy_export import ExportOptions, export_placement
+
+        options = ExportOptions(args.model, model_id=args.export_model, router_mode=args.export_router_mode,
+                                gpus_per_node=args.gpus_per_node, cluster_gpus=args.nodes * args.gpus_per_node)
+        exports = export_placement(result, args.export, options)
+        d["exports"] = [e.as_dict() for e in exports]
+        text += "".join(f"\nwrote {e.target} ({e.gpus} GPUs): {', '.join(str(f) for f in e.files)}; checked: "
+                        + "; ".join(e.checks) for e in exports)
     emit(d, args.json, text)
     return 0

@@ -4,6 +4,7 @@
 - :mod:`pdlab.sched.placement` — DistServe's placement search (Alg. 1 and 2): goodput per GPU.
 - :mod:`pdlab.sched.conductor` — Mooncake's Conductor: KV-cache-aware prefill scheduling.
 - :mod:`pdlab.sched.pools` — Splitwise's heterogeneous prefill/decode pools and the decision guide.
+- :mod:`pdlab.sched.deploy_export` — a placement written as a Dynamo DynamoGraphDeployment or llm-d overlays.
 
 Import the submodules; nothing is imported here.
 """
