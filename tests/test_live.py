@@ -100,7 +100,7 @@ def test_idle_deployment_costs_at_most_5_percent_of_a_core_per_process(deploymen
 
 def test_nothing_listens_beyond_loopback(deployment):
     """Every socket the deployment's processes listen on is bound to 127.0.0.1 or ::1."""
-    from pdlab.serve.process import listening_sockets
+    from pdlab.process import listening_sockets
 
     socks = listening_sockets([p.pid for p in deployment.processes()])
     assert any(port == deployment.proxy_port for *_, port in socks), socks
@@ -153,18 +153,19 @@ def test_real_proxy_rejects_malformed_requests(deployment):
 
 
 def test_pdlab_bench_and_vllm_bench_serve_side_by_side(deployment):
-    """Both clients, one request at a time, sandwiched on one server (the prefill instance serves plain requests too)."""
-    from pdlab.serve.bench import compare_medians, side_by_side_with_vllm_bench
+    """Both clients, one request at a time, interleaved on one server (the prefill instance serves plain requests too)."""
+    from pdlab.serve.agreement import compare_medians, side_by_side_with_vllm_bench
 
     server = deployment.prefill[0]
     ours, theirs = side_by_side_with_vllm_bench(server.url, model=deployment.served_model(),
                                                 tokenizer=server.spec.model, input_len=64, output_len=8,
-                                                num_prompts=8, name="live-agreement")
-    rows = compare_medians(ours.summary, theirs)
+                                                num_prompts=8, rounds=1, warmups=1, name="live-agreement")
+    rows = compare_medians(ours, theirs)
     for row in rows:
-        print(f"{row['metric']}: pdlab {row['pdlab_ms']:.1f} ms, vllm bench {row['vllm_bench_ms']:.1f} ms, "
+        print(f"{row['metric']}: pdlab {row['pdlab_ms']:.3f}, vllm bench {row['vllm_bench_ms']:.3f}, "
               f"{row['rel_diff']:.1%} apart")
     assert theirs["completed"] == 8 and ours.summary["completed"] == 8 and ours.summary["failed"] == 0
+    assert len(theirs["ttfts"]) == 8 and len(theirs["itls"]) == 8
     # Median ITL is the robust per-token figure: on this 1-core server an occasional ~1 s stall
     # lands in a few requests' TPOT (a mean of gaps) whichever client sent them; lab 01 checks
     # TTFT and TPOT on the 2-core colocated server.

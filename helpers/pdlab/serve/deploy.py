@@ -2,7 +2,7 @@
 
 Both are context managers that start everything, wait for health, and stop every process on
 every path (normal exit, exception, Ctrl-C; ``atexit`` and SIGTERM through
-:mod:`pdlab.serve.process`). Servers of a deployment start in parallel (start-up dominates).
+:mod:`pdlab.process`). Servers of a deployment start in parallel (start-up dominates).
 
 Same hardware budget both ways, as the labs compare them:
 
@@ -19,8 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from pdlab.paths import build_dir
+from pdlab.process import ManagedProcess, ServerStartError, check_port_free, spawn, wait_http_ok
 from pdlab.serve.evidence import MetricsSnapshot, scrape_metrics
-from pdlab.serve.process import ManagedProcess, ServerStartError, check_port_free, spawn, wait_http_ok
 from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, detect_serve_device
 
 __all__ = ["Deployment", "colocated", "disaggregated", "start_proxy"]
@@ -161,6 +161,13 @@ class Deployment:
         """One ``/metrics`` snapshot summed over the decode servers (the colocated server if none)."""
         targets = self.decode or self.servers
         return MetricsSnapshot(tuple(sample for s in targets for sample in scrape_metrics(s.url).samples))
+
+    def metrics_by_role(self) -> dict[str, MetricsSnapshot]:
+        """One ``/metrics`` snapshot per role (``colocated``, ``prefill``, ``decode``), summed over its servers."""
+        out: dict[str, list] = {}
+        for s in self.servers:
+            out.setdefault(s.spec.role, []).extend(scrape_metrics(s.url).samples)
+        return {role: MetricsSnapshot(tuple(samples)) for role, samples in out.items()}
 
     def processes(self) -> list[ManagedProcess]:
         procs = [s.process for s in self.servers if s.process is not None]

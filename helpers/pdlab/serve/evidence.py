@@ -19,7 +19,8 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["parse_prometheus", "scrape_metrics", "MetricsSnapshot", "KVTransferEvidence", "kv_transfer_evidence"]
+__all__ = ["parse_prometheus", "scrape_metrics", "MetricsSnapshot", "KVTransferEvidence", "kv_transfer_evidence",
+           "prefix_cache_hit_share"]
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
     """Parse the Prometheus text exposition format into ``(name, labels, value)`` samples.
@@ -143,3 +144,16 @@ def kv_transfer_evidence(before: MetricsSnapshot, after: MetricsSnapshot) -> KVT
         nixl_xfer_time_s=delta("vllm:nixl_xfer_time_seconds_sum"),
         nixl_failed_transfers=int(delta("vllm:nixl_num_failed_transfers_total")),
     )
+
+
+def prefix_cache_hit_share(before: MetricsSnapshot, after: MetricsSnapshot) -> float:
+    """Share (0–1) of a server's prompt tokens served from its own prefix cache between two snapshots.
+
+    Any role: on a colocated or prefill server a hit skips prefill compute, on a decode server it
+    skips the KV pull. A run that should start from a cold cache should show ~0. NaN when no
+    prompt token arrived.
+    """
+    prompt = after.total("vllm:prompt_tokens_total") - before.total("vllm:prompt_tokens_total")
+    src = "vllm:prompt_tokens_by_source_total"
+    hits = after.total(src, source="local_cache_hit") - before.total(src, source="local_cache_hit")
+    return hits / prompt if prompt > 0 else float("nan")

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from pdlab.transfer.kvbuffer import KVLayout, layout_for_size, memcpy_bandwidth
 from pdlab.transfer.measurement import Measurement, VerificationError
+from pdlab.transfer.netns import ALL_INTERFACE_TRANSPORTS, NamespaceUnavailable, loopback_namespace
 from pdlab.transfer.procs import PeerError, PeerProcess
 from pdlab.transfer.sizes import format_size
 from pdlab.transfer.transports import (
@@ -95,13 +97,25 @@ def run_trials(transport: str, trials: list[dict], *, host: str = "127.0.0.1", s
 
     ``trials``: dicts with ``layers``, ``blocks``, ``block_bytes``, ``reps``, ``warmup`` and
     optionally ``mode`` (``bulk``/``serial``/``layerwise``) and ``compute_s``. ``netns`` puts
-    (receiver, sender) into those network namespaces. Rows carry the sender's ``seconds``,
-    ``compute_s``, ``exposed_s``, both checksums and ``verified``; warm-up rows are dropped.
-    Both processes are stopped before this returns or raises.
+    (receiver, sender) into those network namespaces. A transport that listens on every
+    interface (:data:`~pdlab.transfer.netns.ALL_INTERFACE_TRANSPORTS`) and is given no namespaces
+    runs both peers in one loopback-only namespace; where none can be made it is unavailable.
+    Rows carry the sender's ``seconds``, ``compute_s``, ``exposed_s``, both checksums and
+    ``verified``; warm-up rows are dropped. Both processes are stopped before this returns or raises.
     """
     if transport not in PEER_TRANSPORTS:
         raise ValueError(f"{transport!r} is not a two-process transport ({', '.join(PEER_TRANSPORTS)})")
     check_available(transport)
+    if netns is None and transport in ALL_INTERFACE_TRANSPORTS:
+        with ExitStack() as stack:
+            try:
+                ns = stack.enter_context(loopback_namespace())
+            except NamespaceUnavailable as exc:
+                raise TransportUnavailable(f"transport {transport!r} is unavailable: "
+                                           f"{ALL_INTERFACE_TRANSPORTS[transport]}, so it runs in a loopback-only "
+                                           f"network namespace, and {exc}") from exc
+            return run_trials(transport, trials, host=host, seed=seed, corrupt=corrupt, netns=(ns, ns),
+                              timeout_s=timeout_s, env=env)
     trials = [{"warmup": 1, "mode": "bulk", "compute_s": 0.0, **t} for t in trials]
     capacity = max(KVLayout(t["layers"], t["blocks"], t["block_bytes"]).total_bytes for t in trials)
     plan = {"capacity": capacity, "seed": seed, "trials": trials}

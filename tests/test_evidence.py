@@ -1,0 +1,28 @@
+"""Prefix-cache hit share from two /metrics snapshots (pdlab.serve.evidence), no server."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from pdlab.serve.evidence import MetricsSnapshot, prefix_cache_hit_share
+
+
+def _snapshot(prompt: float, hit: float, compute: float) -> MetricsSnapshot:
+    return MetricsSnapshot.from_text(f"""# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{{model_name="m"}} {prompt}
+# TYPE vllm:prompt_tokens_by_source counter
+vllm:prompt_tokens_by_source_total{{model_name="m",source="local_cache_hit"}} {hit}
+vllm:prompt_tokens_by_source_total{{model_name="m",source="local_compute"}} {compute}
+""")
+
+
+def test_hit_share_is_the_difference_of_two_snapshots():
+    before, after = _snapshot(1000, 400, 600), _snapshot(3000, 900, 2100)
+    assert prefix_cache_hit_share(before, after) == pytest.approx(500 / 2000)
+
+
+def test_cold_run_has_zero_and_no_traffic_is_nan():
+    before = _snapshot(100, 0, 100)
+    assert prefix_cache_hit_share(before, _snapshot(600, 0, 600)) == 0.0
+    assert math.isnan(prefix_cache_hit_share(before, before))
