@@ -229,9 +229,12 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
     ha = 8 * (5 * get_gpu("h100-sxm").price_per_hour + 7 * get_gpu("a100-80gb").price_per_hour)
     add(nb08.check_ha_cost_per_hour, (5, 7), ha, {"per-GPU prices, no ×8": ha / 8, "swapped GPU kinds":
         8 * (5 * get_gpu("a100-80gb").price_per_hour + 7 * get_gpu("h100-sxm").price_per_hour)})
-    ttft_ref = reference_latencies("llama-2-70b", 4000, 200).ttft_ref_s
-    add(nb08.check_ttft_p90_limit_s, ("llama-2-70b", 4000, 200), 3 * ttft_ref,
-        {"P50 multiple (2×)": 2 * ttft_ref, "the unloaded TTFT itself": ttft_ref})
+    lat08 = roofline_latency(get_gpu("a100-80gb"), get_model("llama-2-70b"), tp=8)
+    e2e_ref = lat08.step_time_s(4000, 4000.0**2, 0, 0) + sum(lat08.step_time_s(0, 0.0, 1, 4000 + k) for k in range(199))
+    add(nb08.check_e2e_p90_limit_s, ("llama-2-70b", 4000, 200), 1.5 * e2e_ref,
+        {"P50 multiple (1.25×)": 1.25 * e2e_ref, "the idle E2E itself": e2e_ref,
+         "a decode step for the first token too": 1.5 * (e2e_ref + lat08.step_time_s(0, 0.0, 1, 4199)),
+         "TTFT limit (3 × TTFT)": 3 * lat08.step_time_s(4000, 4000.0**2, 0, 0)})
 
     # ---- nb09
     add(nb09.check_balanced_per_gpu_goodput, (10, 1.6, 4.5, 4), 10 / ((7 + 3) * 4),
