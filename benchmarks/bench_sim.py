@@ -14,6 +14,17 @@ Targets (2-core machine):
 - Placement of OPT-66B on 4 nodes × 8 A100s, profile ``full``: under 2 minutes.
 - ``pdlab queue`` check values at R=0.5, D=1, K=1.5, and the simulated averages (100k requests).
 
+Peer mode (``--peer dynamo``, issue #22): the same trace through pdlab and through NVIDIA Dynamo's
+Rust replay (``dynamo.replay.run_trace_replay``, in ``.venv-peers``, see scripts/install_peers.sh)
+with matched settings (:class:`pdlab.sim.peers.PeerSettings`: 8 colocated or 4 + 4 TP-4
+Llama-3-70B workers on H100, 512-token KV/prefix blocks, prefix caching, round robin, 256
+sequences and 8,192 tokens per pass, chunked prefill, KV over InfiniBand NDR) and our roofline
+converted into Dynamo's profile tables. It prints both wall times (best of ``--repeat``), their
+ratio, TTFT/TPOT/ITL p50 and p90 side by side, and the mechanism behind each difference over 20 %::
+
+    .venv/bin/python benchmarks/bench_sim.py --peer dynamo --repeat 3
+    .venv/bin/python benchmarks/bench_sim.py --peer dynamo --peer-max-batched-tokens 131072  # no chunking
+
 ``--repeat N`` runs every replay N times and reports the best and the median requests/s (the
 machine is shared: the best run is the least disturbed one). ``--profile`` prints where the time
 of one colocated replay goes (cProfile, top functions by own time).
@@ -91,6 +102,45 @@ def profile_sim(mode: str = "colocated", top: int = 15) -> None:
             print("  " + line.replace("/work/main/helpers/", "").rstrip())
 
 
+def bench_peer(peer: str, repeat: int, limit: int | None = None, max_batched_tokens: int = 8192) -> list[dict]:
+    """pdlab beside ``peer`` (``dynamo``) on the Mooncake conversation trace (its first ``limit``
+    requests), colocated and disaggregated: prints the tables and returns their rows."""
+    import tempfile
+    from pathlib import Path
+
+    from pdlab.sim import peers
+    from pdlab.workloads import mooncake_trace_path, read_mooncake_jsonl
+
+    if peer != "dynamo":
+        raise ValueError(f"unknown peer {peer!r}; known: dynamo")
+    out = []
+    with tempfile.TemporaryDirectory(prefix="pdlab-peer-") as tmp:
+        src = mooncake_trace_path("conversation")
+        trace = peers.write_trace_slice(src, Path(tmp) / "trace.jsonl", limit) if limit else src
+        reqs = read_mooncake_jsonl(trace)
+        for mode in peers.PEER_MODES:
+            s = peers.PeerSettings(mode=mode, max_batched_tokens=max_batched_tokens)
+            ours = min((peers.run_pdlab(reqs, s) for _ in range(repeat)), key=lambda r: r["wall_s"])
+            theirs = min((peers.run_dynamo(trace, s, tmp) for _ in range(repeat)), key=lambda r: r["wall_s"])
+            workers = f"{s.instances} workers" if mode == "colocated" else f"{s.prefill}P + {s.decode}D"
+            rows = peers.compare_rows(ours, theirs)
+            print(peers.format_table(
+                f"{mode} ({len(reqs):,} requests, {workers}, TP-{s.tp} {s.model} on {s.gpu}, block "
+                f"{s.block_tokens}, {s.max_batched_tokens} tokens/pass; Dynamo {theirs['dynamo_version']}, "
+                f"its call {theirs['outer_wall_s']:.2f} s; completed {ours['completed']} / {theirs['completed']})",
+                rows))
+            for metric, mechs in peers.disagreements(rows, mode):
+                print(f"  note: {metric.removesuffix('_s')} differs by more than 20 %; mechanisms: {', '.join(mechs)}")
+            out.append({"mode": mode, "rows": rows})
+    lat = peers.PeerSettings().latency()
+    ours_s, dyn_s = peers.chunked_prefill_s(lat, 65536, max_batched_tokens)
+    print(f"evidence (prefill attention): a 65,536-token prompt in {max_batched_tokens}-token chunks costs "
+          f"{ours_s:.2f} s in pdlab and {dyn_s:.2f} s as Dynamo's profile lookup prices it (same roofline)")
+    for name, (modes, _, why) in peers.MECHANISMS.items():
+        print(f"  {name} ({', '.join(modes)}): {why}")
+    return out
+
+
 def bench_place(profile: str) -> dict:
     from pdlab.metrics import SLO
     from pdlab.sched.placement import SEARCH_PROFILES, place
@@ -119,7 +169,13 @@ def main() -> None:
     ap.add_argument("--queue-requests", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3, help="runs per replay (best and median are reported)")
     ap.add_argument("--profile", action="store_true", help="print a cProfile summary of the colocated replay")
+    ap.add_argument("--peer", choices=["dynamo"], help="replay the trace through pdlab and this peer simulator")
+    ap.add_argument("--peer-limit", type=int, default=None, help="only the first N requests (default: all)")
+    ap.add_argument("--peer-max-batched-tokens", type=int, default=8192, help="tokens per pass in both (chunk size)")
     args = ap.parse_args()
+    if args.peer:
+        bench_peer(args.peer, args.repeat, args.peer_limit, args.peer_max_batched_tokens)
+        return
     if args.only in (None, "sim"):
         for mode in ("colocated", "disaggregated"):
             for record in (False, True):
