@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
 import shutil
 import tempfile
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from pdlab.models import get_model
+from pdlab.paths import repo_root
 
 if TYPE_CHECKING:
     from pdlab.sched.placement import Placement
@@ -564,17 +566,22 @@ def llm_d_problems(docs: Mapping[str, Any], placement: Placement, options: Expor
 # the installed Dynamo package's own structures
 
 
+_TEMPLATE = Path("profiler") / "templates" / "dgd" / "vllm" / "disagg.yaml"
+
+
 def _dynamo_template() -> tuple[Path | None, str]:
-    """The vLLM disaggregated DGD template of an installed ``dynamo`` package (found without importing it),
-    or None and why."""
+    """The vLLM disaggregated DGD template an installed ``dynamo`` package ships, found without importing it:
+    in this interpreter, else in the course's peers environment (``$PDLAB_PEERS_VENV`` or ``<repo>/.venv-peers``,
+    made by ``scripts/install_peers.sh``). Returns (path, "") or (None, why not)."""
     spec = importlib.util.find_spec("dynamo")
-    if spec is None or not spec.submodule_search_locations:
-        return None, "the dynamo package is not installed in this environment"
-    for location in spec.submodule_search_locations:
-        path = Path(location) / "profiler" / "templates" / "dgd" / "vllm" / "disagg.yaml"
-        if path.exists():
-            return path, ""
-    return None, "the installed dynamo package ships no profiler/templates/dgd/vllm/disagg.yaml"
+    places = [Path(p) for p in (spec.submodule_search_locations or [])] if spec is not None else []
+    venv = Path(os.environ.get("PDLAB_PEERS_VENV") or repo_root() / ".venv-peers")
+    places += sorted(venv.glob("lib/python*/site-packages/dynamo"))
+    for place in places:
+        if (place / _TEMPLATE).exists():
+            return place / _TEMPLATE, ""
+    return None, (f"no dynamo package with {_TEMPLATE.as_posix()} in this environment or in {venv} "
+                  "(scripts/install_peers.sh installs it)")
 
 
 def template_key_problems(doc: Mapping[str, Any], template: Mapping[str, Any]) -> list[str]:
@@ -614,11 +621,11 @@ def dynamo_template_check(doc: Mapping[str, Any]) -> tuple[str, list[str]]:
         return f"Dynamo template check skipped: {why}", []
     template = yaml.safe_load(path.read_text())
     problems = [f"against {path.name}: {p}" for p in template_key_problems(doc, template)]
-    note = f"key sets checked against Dynamo's {path.parent.name}/{path.name}"
+    note = f"key sets checked against Dynamo's template {path}"
     try:
         from dynamo.profiler.utils.config import Config
     except Exception as exc:   # the model imports Dynamo's Rust runtime; a partial install has no such module
-        return f"{note}; pydantic model skipped ({type(exc).__name__}: {exc})", problems
+        return f"{note}; Dynamo's pydantic DGD model skipped, not importable here ({type(exc).__name__}: {exc})", problems
     try:
         Config.model_validate(doc)
     except Exception as exc:   # pydantic.ValidationError, without importing pydantic here
