@@ -306,8 +306,10 @@ def render_llm_d(placement: Placement, options: ExportOptions) -> dict[str, str]
         kustomization["namespace"] = options.namespace
     kustomization.update({
         "resources": [options.llm_d_base], "namePrefix": options.resolved_name() + "-", "images": images,
-        "labels": [{"pairs": {"llm-d.ai/model": k8s_name(get_model(options.model).name),
-                              "llm-d.ai/guide": "pd-disaggregation", "app.kubernetes.io/managed-by": "pdlab"},
+        # the labels llm-d's P/D InferencePool selects model servers by (gaie-pd values: matchLabels)
+        "labels": [{"pairs": {"llm-d.ai/inference-serving": "true", "llm-d.ai/guide": "pd-disaggregation",
+                              "llm-d.ai/model": k8s_name(get_model(options.model).name),
+                              "app.kubernetes.io/managed-by": "pdlab"},
                     "includeSelectors": False, "includeTemplates": True}],
         "patches": [{"path": name} for name in patches]})
     header = _summary(placement, "llm-d")
