@@ -82,3 +82,22 @@ def test_mooncake_listens_only_inside_a_loopback_namespace():
     assert not exposed, f"sockets reachable beyond loopback (pid, address, port, interfaces): {exposed}"
     assert any(s[3] == ["lo"] for s in seen), "the peers did not run in a loopback-only namespace"
     assert namespace_interfaces(os.getpid()) != ["lo"]  # the test itself is outside it
+
+
+def test_mooncake_store_benchmark_listens_only_inside_a_loopback_namespace():
+    from pdlab.transfer.store import store_benchmark, store_status
+
+    ok, why = store_status()
+    if not ok:
+        pytest.skip(why)
+    stop, seen = threading.Event(), []
+    watcher = threading.Thread(target=_watch, args=(stop, seen), daemon=True)
+    watcher.start()
+    try:
+        res = store_benchmark(4, 256 * 1024, repeats=1)
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+    assert res["verified"] and seen, "no listening socket of the store's processes was seen"
+    exposed = [s for s in seen if s[1] not in ("127.0.0.1", "::1") and s[3] != ["lo"]]
+    assert not exposed, f"sockets reachable beyond loopback (pid, address, port, interfaces): {exposed}"

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pdlab.process import ManagedProcess, free_port, spawn
+from pdlab.transfer.netns import loopback_namespace, namespace_listening, namespace_status
 from pdlab.transfer.procs import PeerError, ReportingProcess, log_dir
 
 __all__ = ["store_status", "master_binary", "MooncakeMaster", "StoreClient", "prefix_block_keys",
@@ -42,7 +43,20 @@ class StoreError(RuntimeError):
 
 
 def store_status() -> tuple[bool, str]:
-    """``(available, reason)`` for Mooncake Store (client library and ``mooncake_master``)."""
+    """``(available, reason)`` for :func:`store_benchmark`: the client library, ``mooncake_master``
+    and a loopback-only network namespace (the store clients' transfer engines listen on every
+    interface, so the benchmark runs master and clients inside one; :mod:`pdlab.transfer.netns`)."""
+    ok, why = _library_status()
+    if not ok:
+        return ok, why
+    contained, reason = namespace_status()
+    if not contained:
+        return False, (f"the store clients' transfer engines listen on every interface; the course runs them "
+                       f"only inside a loopback-only network namespace, and {reason}")
+    return True, ""
+
+
+def _library_status() -> tuple[bool, str]:
     try:
         from mooncake.store import MooncakeDistributedStore  # noqa: F401
     except ImportError as exc:
@@ -64,11 +78,16 @@ def master_binary() -> str:
 
 
 class MooncakeMaster:
-    """``mooncake_master`` on ``host`` (127.0.0.1): start on enter, stop (by PID) on exit."""
+    """``mooncake_master`` on ``host`` (127.0.0.1): start on enter, stop (by PID) on exit.
+
+    ``netns``: run it inside that network namespace (``ip netns exec``); readiness is then read
+    from the namespace's own socket table.
+    """
 
     def __init__(self, *, host: str = "127.0.0.1", rpc_port: int | None = None, metrics_port: int | None = None,
-                 threads: int = 2, extra_args: Sequence[str] = (), start_timeout_s: float = 30.0):
-        self.host = host
+                 threads: int = 2, extra_args: Sequence[str] = (), start_timeout_s: float = 30.0,
+                 netns: str | None = None):
+        self.host, self.netns = host, netns
         self.rpc_port = rpc_port or free_port(host)
         self.metrics_port = metrics_port or free_port(host)
         self.threads, self.extra_args, self.start_timeout_s = threads, list(extra_args), start_timeout_s
@@ -80,12 +99,14 @@ class MooncakeMaster:
         return f"{self.host}:{self.rpc_port}"
 
     def start(self) -> MooncakeMaster:
-        ok, why = store_status()
+        ok, why = _library_status()
         if not ok:
             raise StoreError(why)
         cmd = [master_binary(), f"-rpc_port={self.rpc_port}", f"-rpc_address={self.host}",
                f"-metrics_port={self.metrics_port}", f"-metrics_host={self.host}",
                f"-rpc_thread_num={self.threads}", "-enable_http_metadata_server=false", *self.extra_args]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]
         self.process = spawn("mooncake-master", cmd, log_dir() / f"mooncake-master-{self.rpc_port}.log")
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
@@ -93,13 +114,20 @@ class MooncakeMaster:
                 tail = self.process.log_tail()
                 self.stop()
                 raise StoreError(f"mooncake_master exited at start:\n{tail}")
-            try:
-                with socket.create_connection((self.host, self.rpc_port), timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.1)
+            if self._listening():
+                return self
+            time.sleep(0.1)
         self.stop()
         raise StoreError(f"mooncake_master did not listen on {self.address} within {self.start_timeout_s} s")
+
+    def _listening(self) -> bool:
+        if self.netns:
+            return (self.host, self.rpc_port) in namespace_listening(self.process.pid)
+        try:
+            with socket.create_connection((self.host, self.rpc_port), timeout=1):
+                return True
+        except OSError:
+            return False
 
     def stop(self) -> None:
         if self.process is not None:
@@ -245,10 +273,11 @@ def _client_main(argv: list[str] | None = None) -> None:
     run_reporting(args.report_fd, body)
 
 
-def _store_client_process(role: str, master: str, corrupt: bool = False) -> ReportingProcess:
+def _store_client_process(role: str, master: str, corrupt: bool = False, netns: str | None = None
+                          ) -> ReportingProcess:
     argv = [sys.executable, "-m", "pdlab.transfer.store", "--role", role, "--master", master]
     return ReportingProcess(role, argv + (["--corrupt"] if corrupt else []),
-                            f"store-{role}-{os.getpid()}-{time.strftime('%H%M%S')}")
+                            f"store-{role}-{os.getpid()}-{time.strftime('%H%M%S')}", netns=netns)
 
 
 def store_benchmark(blocks: int = 64, block_bytes: int = 1 << 20, *, repeats: int = 3, block_tokens: int = 256,
@@ -256,6 +285,7 @@ def store_benchmark(blocks: int = 64, block_bytes: int = 1 << 20, *, repeats: in
     """Master + a prefill client (puts a request's KV blocks) + a decode client (gets them).
 
     Keys are :func:`prefix_block_keys` of a synthetic prompt of ``blocks × block_tokens`` tokens.
+    All three run in one loopback-only network namespace (their sockets reach nothing else).
     Returns medians over ``repeats``: ``put_s``, ``get_s``, ``put_bytes_per_s``,
     ``get_bytes_per_s`` (decimal) plus min/max, and ``verified``. All three processes are stopped
     before it returns or raises; a corrupted get raises :class:`pdlab.transfer.measurement.VerificationError`.
@@ -271,10 +301,10 @@ def store_benchmark(blocks: int = 64, block_bytes: int = 1 << 20, *, repeats: in
     deadline = time.monotonic() + timeout_s
     puts, gets, verified = [], [], True
     writer = reader = None
-    with MooncakeMaster() as master:
+    with loopback_namespace() as ns, MooncakeMaster(netns=ns) as master:
         try:
-            writer = _store_client_process("writer", master.address)
-            reader = _store_client_process("reader", master.address, corrupt=corrupt)
+            writer = _store_client_process("writer", master.address, netns=ns)
+            reader = _store_client_process("reader", master.address, corrupt=corrupt, netns=ns)
             for peer in (writer, reader):
                 peer.send_line(plan)
                 while peer.next_report(deadline).get("type") != "ready":
