@@ -66,8 +66,8 @@ def test_solution_notebook_runs(path):
     assert not problems, f"{path.name}: figures a reader cannot read: {problems}"
 
 
-# Student copies of the live labs start vLLM servers again; they are excluded from `make test`
-# (CI time) and run with `pytest -m student_lab`.
+# Student copies of the live labs start vLLM servers again, in profile smoke (the smallest sizes);
+# they run in `make test` (a student opens these copies) and alone with `pytest -m student_lab`.
 STUDENT_PARAMS = [pytest.param(p, marks=[pytest.mark.student_lab] if p.parent.name == "labs" else [])
                   for p in STUDENTS]
 
