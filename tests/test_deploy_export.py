@@ -110,6 +110,8 @@ def test_an_instance_wider_than_a_node_becomes_a_multinode_component(tmp_path):
         render_llm_d(placement, opts)
     with pytest.raises(ExportError, match="split evenly"):
         render_dynamo(_placement(p=(2, 5), n_p=1, n_d=1), ExportOptions("llama-3-70b", gpus_per_node=4))
+    with pytest.raises(ExportError, match="TP8 is wider than a node of 4"):
+        render_dynamo(_placement(p=(8, 1), n_p=1, n_d=1), ExportOptions("llama-3-70b", gpus_per_node=4))
 
 
 def test_validators_catch_broken_objects():

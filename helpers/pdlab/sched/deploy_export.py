@@ -127,11 +127,6 @@ class RoleLayout:
     nodes: int
     gpus_per_pod: int
 
-    @property
-    def gpus(self) -> int:
-        """GPUs of the role in all: replicas × nodes × GPUs per pod."""
-        return self.replicas * self.nodes * self.gpus_per_pod
-
 
 @dataclass
 class ExportResult:
@@ -175,8 +170,10 @@ def _layout(role: str, tp: int, pp: int, replicas: int, gpus_per_node: int | Non
     per_instance = tp * pp
     if gpus_per_node is None or per_instance <= gpus_per_node:
         return RoleLayout(role, tp, pp, replicas, 1, per_instance)
+    if tp > gpus_per_node:
+        raise ExportError(f"a {role} instance's TP{tp} is wider than a node of {gpus_per_node} GPUs")
     nodes = math.ceil(per_instance / gpus_per_node)
-    if tp > gpus_per_node or per_instance % nodes:
+    if per_instance % nodes:
         raise ExportError(f"a {role} instance of TP{tp}×PP{pp} = {per_instance} GPUs does not split evenly over "
                           f"{nodes} nodes of {gpus_per_node} GPUs")
     return RoleLayout(role, tp, pp, replicas, nodes, per_instance // nodes)
