@@ -367,3 +367,23 @@ def test_session_timeout_is_a_failed_record_not_an_exception():
 
     (rec,) = asyncio.run(main())
     assert not rec.ok and "timed out" in rec.error
+
+
+def test_a_tracked_request_moves_prefill_to_decode_once():
+    from pdlab.router.server import InFlight, TrackedRequest
+
+    backend, pre, dec = InFlight(), InFlight(), InFlight()
+    t = TrackedRequest(prefill=pre, decode=dec, backend=backend, prompt_tokens=10)
+    t.start()
+    t.start()
+    assert (backend.requests, pre.prefill_tokens, pre.prefill_sq_tokens, dec.decode_batch) == (1, 10, 100, 0)
+    t.first_token()
+    t.first_token()
+    assert (pre.prefill_tokens, pre.prefill_sq_tokens, dec.decode_batch, dec.decode_ctx_tokens) == (0, 0, 1, 10)
+    t.done()
+    t.done()
+    assert (backend.requests, dec.decode_batch, dec.decode_ctx_tokens, t.phase) == (0, 0, 0, "done")
+    failed = TrackedRequest(prefill=pre, decode=dec, backend=backend, prompt_tokens=7)
+    failed.start()
+    failed.done()  # no chunk ever came: it still leaves every count
+    assert vars(pre) == vars(dec) == vars(backend) == vars(InFlight())

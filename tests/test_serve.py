@@ -32,14 +32,8 @@ from pdlab.process import (
     spawn,
     wait_http_ok,
 )
-from pdlab.serve.proxy import (
-    ProxyConfig,
-    attach_client_session,
-    decode_request,
-    make_app,
-    prefill_request,
-    relay,
-)
+from pdlab.serve.plumbing import attach_client_session, backend_status, relay
+from pdlab.serve.proxy import ProxyConfig, ProxyState, decode_request, make_app, prefill_request
 from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, kv_transfer_config
 
 
@@ -206,6 +200,45 @@ async def test_prefill_client_error_is_passed_through():
         await client.close()
         await p.close()
         await d.close()
+
+
+@pytest.mark.parametrize("status, answer, counter", [(400, 400, "client_errors"), (307, 502, "backend_errors"),
+                                                     (503, 502, "backend_errors")])
+@sync
+async def test_prefill_errors_are_mapped_like_the_relays_and_carry_the_request_id(status, answer, counter):
+    log: list = []
+    p, d = await _serve(_backend("p", log, status=status)), await _serve(_backend("d", log))
+    client = await _proxy_client([_url(p)], [_url(d)])
+    try:
+        resp = await client.post("/v1/completions", json={"model": "m", "prompt": "x"},
+                                 headers={"X-Request-Id": "req-7"})
+        assert resp.status == answer and resp.headers["X-Request-Id"] == "req-7"
+        stats = await (await client.get("/proxy/stats")).json()
+        assert stats[counter] == 1 and stats["ok"] == 0 and stats["requests"] == 1
+        assert [n for n, _, _ in log] == ["p"], "decode is never asked after a failed prefill"
+    finally:
+        await client.close()
+        await p.close()
+        await d.close()
+
+
+def test_backend_status_is_the_one_mapping():
+    assert backend_status(200) == (200, "ok")
+    assert [backend_status(s) for s in (400, 404, 422, 499)] == [(s, "client_errors") for s in (400, 404, 422, 499)]
+    assert [backend_status(s) for s in (101, 302, 307, 500, 503)] == [(502, "backend_errors")] * 5
+
+
+def test_proxy_state_is_apart_from_its_configuration():
+    config = ProxyConfig(["http://p0", "http://p1"], ["http://d0"], max_timings=2)
+    a, b = ProxyState(config), ProxyState(config)
+    assert [a.next_pair() for _ in range(3)] == [("http://p0", "http://d0"), ("http://p1", "http://d0"),
+                                                 ("http://p0", "http://d0")]
+    assert b.next_pair() == ("http://p0", "http://d0"), "each state keeps its own round robin"
+    for i in range(3):
+        a.timings.append({"i": i})
+    assert [t["i"] for t in a.timings] == [1, 2] and not b.timings
+    with pytest.raises(ValueError, match="max_timings"):
+        ProxyConfig(["http://p"], ["http://d"], max_timings=0)
 
 
 @sync

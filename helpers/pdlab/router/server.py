@@ -3,7 +3,7 @@
 For every OpenAI request (``/v1/completions``, ``/v1/chat/completions``) it
 
 1. validates the body (a malformed one gets 400 before any backend is touched; the checks are the
-   disaggregation proxy's, :func:`pdlab.serve.proxy.validate_request`);
+   disaggregation proxy's, :func:`pdlab.serve.plumbing.validate_request`);
 2. counts the prompt's tokens (the model's tokenizer when given, else ≈ 4 characters per token)
    and predicts the output length (:mod:`pdlab.router.policies` predictors; the key is the hash
    of the first message or the first 2,048 prompt characters — the agent's system prompt);
@@ -41,18 +41,20 @@ from pdlab.router.policies import (
     RoutingPolicy,
     TargetLoad,
 )
-from pdlab.serve.proxy import (
+from pdlab.serve.plumbing import (
     ENDPOINTS,
     attach_client_session,
     client_session,
     error_response,
+    forwarded_headers,
     health_response,
+    new_stats,
     read_request,
     relay,
 )
 
-__all__ = ["RouterConfig", "RouterServer", "make_router_app", "prompt_counter", "request_key", "InFlight"]
-
+__all__ = ["RouterConfig", "RouterState", "Router", "RouterServer", "make_router_app", "prompt_counter",
+           "request_key", "InFlight", "TrackedRequest"]
 
 
 def request_key(body: dict[str, Any]) -> Hashable:
@@ -127,13 +129,15 @@ class RouterConfig:
     connect_timeout_s: float = 5.0
     first_byte_timeout_s: float = 120.0
     read_timeout_s: float = 60.0
-    stats: dict[str, Any] = field(default_factory=lambda: {
-        "requests": 0, "ok": 0, "client_errors": 0, "backend_errors": 0,
-        "routes": {"colocated": 0, "disaggregated": 0}})
 
+    def __post_init__(self) -> None:
+        if not self.colocated_urls and not self.disaggregated_url:
+            raise ValueError("a router needs at least one colocated URL or a disaggregated (P/D proxy) URL")
 
-def _error(status: int, message: str, kind: str = "router_error") -> web.Response:
-    return error_response(status, message, kind)
+    @property
+    def backends(self) -> list[str]:
+        """Every backend URL: the colocated servers, then the P/D proxy."""
+        return list(self.colocated_urls) + ([self.disaggregated_url] if self.disaggregated_url else [])
 
 
 def _count_output(chunks: bytes, stream: bool) -> int | None:
@@ -162,120 +166,178 @@ def _count_output(chunks: bytes, stream: bool) -> int | None:
     return usage if usage is not None else n
 
 
-def make_router_app(config: RouterConfig) -> web.Application:
-    """The aiohttp application (tests drive it with aiohttp's test client)."""
-    if not config.colocated_urls and not config.disaggregated_url:
-        raise ValueError("a router needs at least one colocated URL or a disaggregated (P/D proxy) URL")
-    if config.policy.needs_estimates and config.estimator is None:
-        raise ValueError(f"policy {config.policy.name!r} needs a LoadEstimator (latency models of the backends)")
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    backends = list(config.colocated_urls) + ([config.disaggregated_url] if config.disaggregated_url else [])
-    inflight = {url: InFlight() for url in backends}
-    # the P/D pair is one target with two loads: the prefill queue and the decode batch
-    pd_prefill, pd_decode = InFlight(), InFlight()
-    timeout = ClientTimeout(total=None, connect=config.connect_timeout_s, sock_connect=config.connect_timeout_s,
-                            sock_read=config.read_timeout_s)
+@dataclass
+class RouterState:
+    """What a running router changes: counters (``GET /router/stats``) and its in-flight view of
+    every backend; the P/D pair is one target with two loads, its prefill queue and its decode batch."""
 
-    attach_client_session(app, timeout)
+    config: RouterConfig
+    stats: dict[str, Any] = field(default_factory=lambda: new_stats(routes={"colocated": 0, "disaggregated": 0}))
+    inflight: dict[str, InFlight] = field(init=False)
+    pd_prefill: InFlight = field(default_factory=InFlight)
+    pd_decode: InFlight = field(default_factory=InFlight)
 
-    def decide(body: dict[str, Any]) -> tuple[str, str, RouteRequest]:
-        p = int(config.count_prompt(body))
+    def __post_init__(self) -> None:
+        self.inflight = {url: InFlight() for url in self.config.backends}
+
+    def track(self, target: str, url: str, prompt_tokens: int) -> TrackedRequest:
+        """Count a request sent to ``url`` (``target`` ``colocated`` or ``disaggregated``) as prefilling."""
+        disagg = target == "disaggregated"
+        tracked = TrackedRequest(prefill=self.pd_prefill if disagg else self.inflight[url],
+                                 decode=self.pd_decode if disagg else self.inflight[url],
+                                 backend=self.inflight[url], prompt_tokens=prompt_tokens)
+        tracked.start()
+        return tracked
+
+
+@dataclass
+class TrackedRequest:
+    """One request in the router's in-flight counts: ``prefill`` until its first chunk, then ``decode``
+    until it ends (``done``). Each step happens once, whatever order the calls come in."""
+
+    prefill: InFlight
+    decode: InFlight
+    backend: InFlight
+    prompt_tokens: int
+    phase: str = "new"
+
+    def start(self) -> None:
+        """Enter the prefill queue."""
+        if self.phase == "new":
+            p = self.prompt_tokens
+            self.backend.requests += 1
+            self.prefill.prefill_tokens += p
+            self.prefill.prefill_sq_tokens += p * p
+            self.phase = "prefill"
+
+    def first_token(self) -> None:
+        """Leave the prefill queue, join the decode batch."""
+        if self.phase == "prefill":
+            p = self.prompt_tokens
+            self.prefill.prefill_tokens -= p
+            self.prefill.prefill_sq_tokens -= p * p
+            self.decode.decode_batch += 1
+            self.decode.decode_ctx_tokens += p
+            self.phase = "decode"
+
+    def done(self) -> None:
+        """Leave the decode batch and the backend's count."""
+        self.first_token()
+        if self.phase == "decode":
+            self.decode.decode_batch -= 1
+            self.decode.decode_ctx_tokens -= self.prompt_tokens
+            self.backend.requests -= 1
+            self.phase = "done"
+
+
+class Router:
+    """The router's request path and routes; :meth:`app` is the aiohttp application.
+
+    A request goes :meth:`decide` (target, backend URL, :class:`RouteRequest`) → :meth:`forward`
+    (relayed, tracked in flight) → the predictor learns the real output length.
+    """
+
+    def __init__(self, config: RouterConfig, state: RouterState | None = None):
+        if config.policy.needs_estimates and config.estimator is None:
+            raise ValueError(f"policy {config.policy.name!r} needs a LoadEstimator (latency models of the backends)")
+        self.config = config
+        self.state = state if state is not None else RouterState(config)
+
+    def app(self) -> web.Application:
+        """A fresh aiohttp application serving this router."""
+        cfg = self.config
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        attach_client_session(app, ClientTimeout(total=None, connect=cfg.connect_timeout_s,
+                                                 sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s))
+        for path in ENDPOINTS:
+            app.router.add_post(path, self.handle)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/router/stats", self.stats)
+        return app
+
+    def decide(self, body: dict[str, Any]) -> tuple[str, str, RouteRequest]:
+        """``(target, backend URL, route request)`` for a validated body; the least busy colocated server."""
+        cfg, inflight = self.config, self.state.inflight
+        p = int(cfg.count_prompt(body))
         key = request_key(body)
-        rr = RouteRequest(p, config.predictor.predict(p, key), key)
-        coloc = min(config.colocated_urls, key=lambda u: (inflight[u].prefill_tokens, inflight[u].requests)) \
-            if config.colocated_urls else None
+        rr = RouteRequest(p, cfg.predictor.predict(p, key), key)
+        coloc = min(cfg.colocated_urls, key=lambda u: (inflight[u].prefill_tokens, inflight[u].requests)) \
+            if cfg.colocated_urls else None
         estimates = None
-        if config.policy.needs_estimates and coloc and config.disaggregated_url:
-            est = config.estimator
+        if cfg.policy.needs_estimates and coloc and cfg.disaggregated_url:
+            est = cfg.estimator
             estimates = {"colocated": est.colocated(rr, inflight[coloc].load()),
-                         "disaggregated": est.disaggregated(rr, pd_prefill.load(), pd_decode.load())}
-        target = config.policy.decide(rr, estimates)
+                         "disaggregated": est.disaggregated(rr, self.state.pd_prefill.load(),
+                                                            self.state.pd_decode.load())}
+        target = cfg.policy.decide(rr, estimates)
         if target == "colocated" and coloc is None:
             target = "disaggregated"
-        if target == "disaggregated" and not config.disaggregated_url:
+        if target == "disaggregated" and not cfg.disaggregated_url:
             target = "colocated"
-        url = coloc if target == "colocated" else config.disaggregated_url
-        return target, url, rr
+        return target, (coloc if target == "colocated" else cfg.disaggregated_url), rr
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        config.stats["requests"] += 1
-        body = await read_request(request, config.stats)
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """One OpenAI request: validate, decide, forward."""
+        stats = self.state.stats
+        stats["requests"] += 1
+        body = await read_request(request, stats)
         if isinstance(body, web.Response):
             return body
         try:
-            target, url, rr = decide(body)
+            target, url, rr = self.decide(body)
         except Exception as exc:  # a tokenizer or policy failure is the request's problem, not a crash
-            config.stats["client_errors"] += 1
-            return _error(400, f"cannot route this request: {type(exc).__name__}: {exc}", "invalid_request_error")
-        config.stats["routes"][target] += 1
-        stream = bool(body.get("stream"))
-        p = rr.prompt_tokens
-        pre = pd_prefill if target == "disaggregated" else inflight[url]
-        dec = pd_decode if target == "disaggregated" else inflight[url]
-        inflight[url].requests += 1
-        pre.prefill_tokens += p
-        pre.prefill_sq_tokens += p * p
-        in_prefill, in_decode = True, False
+            stats["client_errors"] += 1
+            return error_response(400, f"cannot route this request: {type(exc).__name__}: {exc}",
+                                  "invalid_request_error")
+        stats["routes"][target] += 1
+        return await self.forward(request, body, target, url, rr)
 
-        def first_token() -> None:
-            nonlocal in_prefill, in_decode
-            if in_prefill:
-                pre.prefill_tokens -= p
-                pre.prefill_sq_tokens -= p * p
-                in_prefill = False
-                dec.decode_batch += 1
-                dec.decode_ctx_tokens += p
-                in_decode = True
-
-        def done() -> None:
-            nonlocal in_decode
-            first_token()
-            if in_decode:
-                dec.decode_batch -= 1
-                dec.decode_ctx_tokens -= p
-                in_decode = False
-            inflight[url].requests -= 1
-
+    async def forward(self, request: web.Request, body: dict[str, Any], target: str, url: str,
+                      rr: RouteRequest) -> web.StreamResponse:
+        """Relay the request to ``url``, tracked in flight; feed the real output length to the predictor."""
+        stats = self.state.stats
         headers = {"X-Route": target, "X-Predicted-Output-Tokens": f"{rr.predicted_output_tokens:.1f}",
                    "X-Backend-Url": url}
         if "X-Request-Id" in request.headers:
             headers["X-Request-Id"] = request.headers["X-Request-Id"]
-        fwd = {k: v for k, v in request.headers.items() if k in ("Authorization", "X-Request-Id")}
+        tracked = self.state.track(target, url, rr.prompt_tokens)
         seen = bytearray()
 
-        def on_chunk(chunk: bytes, arrived: float) -> None:
-            first_token()
+        def on_chunk(chunk: bytes, arrived_s: float) -> None:
+            tracked.first_token()
             seen.extend(chunk)
 
         t0 = time.perf_counter()
         try:
-            response, ok = await relay(request, url, body, stats=config.stats, who=f"{target} backend",
-                                       error_kind="router_error", forward_headers=fwd, response_headers=headers,
-                                       first_byte_timeout_s=config.first_byte_timeout_s, on_chunk=on_chunk)
+            response, ok = await relay(request, url, body, stats=stats, who=f"{target} backend",
+                                       error_kind="router_error", forward_headers=forwarded_headers(request),
+                                       response_headers=headers, first_byte_timeout_s=self.config.first_byte_timeout_s,
+                                       on_chunk=on_chunk)
         finally:
-            done()
+            tracked.done()
         if ok:
-            n_out = _count_output(bytes(seen), stream)
+            n_out = _count_output(bytes(seen), bool(body.get("stream")))
             if n_out:
-                config.predictor.observe(p, n_out, rr.key)
-            config.stats.setdefault("seconds", 0.0)
-            config.stats["seconds"] += time.perf_counter() - t0
+                self.config.predictor.observe(rr.prompt_tokens, n_out, rr.key)
+            stats["seconds"] = stats.get("seconds", 0.0) + time.perf_counter() - t0
         return response
 
-    async def health(request: web.Request) -> web.Response:
-        probes = {url: url + ("/health" if url in config.colocated_urls else "/proxy/stats") for url in backends}
-        return await health_response(client_session(request), probes, config.connect_timeout_s)
+    async def health(self, request: web.Request) -> web.Response:
+        """``GET /health``: 200 when every colocated server (``/health``) and the P/D proxy answer, else 503."""
+        cfg = self.config
+        probes = {url: url + ("/health" if url in cfg.colocated_urls else "/proxy/stats") for url in cfg.backends}
+        return await health_response(client_session(request), probes, cfg.connect_timeout_s)
 
-    async def stats(request: web.Request) -> web.Response:
-        return web.json_response({**config.stats, "policy": config.policy.describe(),
-                                  "predictor": config.predictor.name,
-                                  "inflight": {u: vars(f) for u, f in inflight.items()}})
+    async def stats(self, request: web.Request) -> web.Response:
+        """``GET /router/stats``: counters, policy, predictor and the in-flight view."""
+        return web.json_response({**self.state.stats, "policy": self.config.policy.describe(),
+                                  "predictor": self.config.predictor.name,
+                                  "inflight": {u: vars(f) for u, f in self.state.inflight.items()}})
 
-    for path in ENDPOINTS:
-        app.router.add_post(path, handle)
-    app.router.add_get("/health", health)
-    app.router.add_get("/router/stats", stats)
-    return app
+
+def make_router_app(config: RouterConfig, state: RouterState | None = None) -> web.Application:
+    """The aiohttp application (tests drive it with aiohttp's test client)."""
+    return Router(config, state).app()
 
 
 class RouterServer:

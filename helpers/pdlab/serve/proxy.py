@@ -11,9 +11,11 @@ For each OpenAI request (``/v1/completions``, ``/v1/chat/completions``):
    and generates; its answer (streamed or not) goes back to the client unchanged.
 
 This is the protocol of vLLM's ``toy_proxy_server.py`` (examples/online_serving/disaggregated_serving,
-vLLM 0.8+). Errors: a malformed request → 400 before any backend is touched; a prefill 4xx is passed
-through; a backend that is down or dies → 502/504 within the configured time limits, and a stream
-cut mid-way ends with an SSE ``error`` event (never a hang).
+vLLM 0.8+). Errors: a malformed request → 400 before any backend is touched; a backend's 4xx is
+passed through, any other non-200 answer becomes 502 (:func:`pdlab.serve.plumbing.backend_status`);
+a backend that is down or dies → 502/504 within the configured time limits, and a stream cut
+mid-way ends with an SSE ``error`` event (never a hang). Every answer carries ``X-Request-Id``.
+The HTTP parts shared with the router are in :mod:`pdlab.serve.plumbing`.
 
 Run: ``python -m pdlab.serve.proxy --port 8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200``.
 """
@@ -29,35 +31,48 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientTimeout, web
 
-__all__ = ["ProxyConfig", "ProxyTiming", "make_app", "prefill_request", "decode_request", "validate_request", "read_request",
-           "attach_client_session", "client_session", "error_response", "health_response", "relay", "ENDPOINTS",
-           "main"]
+from pdlab.serve.plumbing import (
+    ENDPOINTS,
+    attach_client_session,
+    backend_error_response,
+    client_session,
+    error_response,
+    health_response,
+    new_stats,
+    read_request,
+    relay,
+)
+
+__all__ = ["ProxyConfig", "ProxyState", "ProxyTiming", "ProxiedRequest", "PDProxy", "make_app", "prefill_request",
+           "decode_request", "main"]
 
 log = logging.getLogger("pdlab.proxy")
-ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}  # path → request kind
-_SESSION = web.AppKey("session", ClientSession)
+_KIND = "proxy_error"  # the ``type`` of the proxy's own error answers
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProxyConfig:
-    """Backends and time limits (seconds) of a proxy."""
+    """Backends and time limits (seconds) of a proxy; ``max_timings``: how many per-request timings
+    ``GET /proxy/timings`` keeps (the last successful ones)."""
 
     prefill_urls: list[str]
     decode_urls: list[str]
     connect_timeout_s: float = 5.0
     prefill_timeout_s: float = 120.0
     read_timeout_s: float = 60.0  # longest silence allowed between chunks from decode
-    stats: dict[str, int] = field(default_factory=lambda: {"requests": 0, "ok": 0, "client_errors": 0,
-                                                           "backend_errors": 0})
-    # Per-request timings of the last ``max_timings`` successful requests (GET /proxy/timings).
     max_timings: int = 10_000
-    timings: deque[dict[str, Any]] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if not self.prefill_urls or not self.decode_urls:
+            raise ValueError("a disaggregation proxy needs at least one prefill and one decode URL")
+        if self.max_timings < 1:
+            raise ValueError(f"max_timings must be at least 1, got {self.max_timings}")
 
 
 @dataclass(frozen=True)
@@ -76,145 +91,55 @@ class ProxyTiming:
     ttft_s: float
 
 
-class BadRequest(ValueError):
-    """The client's request is malformed (→ HTTP 400)."""
+@dataclass
+class ProxyState:
+    """What a running proxy changes: counters (``GET /proxy/stats``), the last timings
+    (``GET /proxy/timings``) and its place in the two round robins."""
+
+    config: ProxyConfig
+    stats: dict[str, int] = field(default_factory=new_stats)
+    timings: deque[dict[str, Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.timings = deque(maxlen=self.config.max_timings)
+        self._prefill_rr = itertools.cycle(self.config.prefill_urls)
+        self._decode_rr = itertools.cycle(self.config.decode_urls)
+
+    def next_pair(self) -> tuple[str, str]:
+        """The next (prefill URL, decode URL), each by round robin."""
+        return next(self._prefill_rr), next(self._decode_rr)
 
 
-def validate_request(kind: str, body: Any) -> dict[str, Any]:
-    """Check the minimum a backend needs; raise :class:`BadRequest` naming the problem."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    if kind == "completions":
-        prompt = body.get("prompt")
-        if not isinstance(prompt, (str, list)) or (isinstance(prompt, list) and not prompt):
-            raise BadRequest("'prompt' must be a non-empty string or list")
-    else:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise BadRequest("'messages' must be a non-empty list of objects")
-    for key in ("max_tokens", "max_completion_tokens"):
-        if key in body and body[key] is not None and (not isinstance(body[key], int) or body[key] < 1):
-            raise BadRequest(f"'{key}' must be a positive integer")
-    return body
+@dataclass
+class ProxiedRequest:
+    """One admitted request on its way through both legs: its body, id, backends and clocks
+    (``time.perf_counter()`` seconds)."""
 
+    body: dict[str, Any]
+    request_id: str
+    forward_headers: dict[str, str]
+    prefill_url: str
+    decode_url: str
+    received_s: float
+    prefill_leg_s: float = 0.0
+    decode_sent_s: float = 0.0
+    first_chunk_seen: bool = False
 
-def error_response(status: int, message: str, kind: str) -> web.Response:
-    """An OpenAI-style JSON error: ``{"error": {"message", "type", "code"}}``."""
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
-
-
-async def read_request(request: web.Request, stats: dict[str, Any]) -> dict[str, Any] | web.Response:
-    """The validated JSON body of an OpenAI request, or a 400 response naming the problem.
-
-    Counts rejected requests in ``stats["client_errors"]``.
-    """
-    try:
-        return validate_request(ENDPOINTS[request.path], await request.json())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        stats["client_errors"] += 1
-        return error_response(400, "the request body is not valid JSON", "invalid_request_error")
-    except BadRequest as exc:
-        stats["client_errors"] += 1
-        return error_response(400, str(exc), "invalid_request_error")
-
-
-def attach_client_session(app: web.Application, timeout: ClientTimeout) -> None:
-    """Give ``app`` one upstream :class:`ClientSession`, opened at start-up and closed at clean-up."""
-
-    async def on_startup(app: web.Application) -> None:
-        app[_SESSION] = ClientSession(timeout=timeout)
-
-    async def on_cleanup(app: web.Application) -> None:
-        await app[_SESSION].close()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-
-
-async def health_response(session: ClientSession, probes: dict[str, str], timeout_s: float) -> web.Response:
-    """GET every probe URL (backend → URL); 200 ``ok`` if all answer 200 within ``timeout_s``, else 503."""
-    states = {}
-    for url, probe in probes.items():
-        try:
-            async with asyncio.timeout(timeout_s):
-                async with session.get(probe) as resp:
-                    states[url] = resp.status == 200
-        except (ClientError, OSError, TimeoutError):
-            states[url] = False
-    ok = all(states.values())
-    return web.json_response({"status": "ok" if ok else "degraded", "backends": states}, status=200 if ok else 503)
-
-
-def client_session(request: web.Request) -> ClientSession:
-    """The upstream session of the application serving ``request``."""
-    return request.app[_SESSION]
-
-
-async def relay(request: web.Request, url: str, body: dict[str, Any], *, stats: dict[str, Any], who: str,
-                error_kind: str, forward_headers: dict[str, str] | None = None,
-                response_headers: dict[str, str] | None = None, first_byte_timeout_s: float | None = None,
-                on_chunk: Callable[[bytes, float], None] | None = None) -> tuple[web.StreamResponse, bool]:
-    """POST ``body`` to ``url + request.path`` and stream the answer back to the client as it arrives.
-
-    The one relay of the P/D proxy's decode leg and the router. Returns ``(response, ok)``:
-
-    - the backend answers 200: its body goes on chunk by chunk (``Content-Type`` kept), the stream
-      is ended, ``stats["ok"]`` counted; ``ok`` is True. ``on_chunk(chunk, arrived_s)`` is called after
-      each chunk has been written on, with the ``time.perf_counter()`` at which it arrived;
-    - the backend answers another status: its body is passed on, a 4xx with its status (counted in
-      ``stats["client_errors"]``: the client's request is at fault), anything else as 502
-      (``stats["backend_errors"]``);
-    - the backend is unreachable or dies before answering → 502, no answer head within
-      ``first_byte_timeout_s`` (None: no limit beyond the session's) or silent beyond the session's
-      read timeout → 504 (``stats["backend_errors"]``);
-    - the backend dies mid-stream: a streaming request (``"stream": true``) ends with an SSE ``error``
-      event, ``ok`` is False (``stats["backend_errors"]``); the client never hangs.
-
-    ``response_headers`` go on every answer, success or error; ``who`` names the backend in error
-    messages (``"decode server"``), ``error_kind`` is the error's ``type``.
-    """
-    stream = bool(body.get("stream"))
-    headers = dict(response_headers or {})
-    response: web.StreamResponse | None = None
-    try:
-        async with asyncio.timeout(first_byte_timeout_s):
-            resp = await client_session(request).post(url + request.path, json=body, headers=forward_headers)
-        async with resp:
-            if resp.status != 200:
-                payload = await resp.read()
-                client_fault = 400 <= resp.status < 500
-                stats["client_errors" if client_fault else "backend_errors"] += 1
-                return web.Response(status=resp.status if client_fault else 502, body=payload,
-                                    content_type="application/json", headers=headers), False
-            response = web.StreamResponse(status=200, headers={
-                "Content-Type": resp.headers.get("Content-Type", "application/json"), **headers})
-            await response.prepare(request)
-            async for chunk in resp.content.iter_any():
-                arrived = time.perf_counter()
-                await response.write(chunk)
-                if on_chunk is not None:
-                    on_chunk(chunk, arrived)
-    except (ClientError, OSError, TimeoutError) as exc:
-        stats["backend_errors"] += 1
-        message = f"{who} {url} failed: {type(exc).__name__}: {exc}"
-        if response is None:
-            err = error_response(504 if isinstance(exc, TimeoutError) else 502, message, error_kind)
-            err.headers.update(headers)
-            return err, False
-        if stream:  # headers already sent: end the stream with an error event
-            event = {"error": {"message": message, "type": error_kind, "code": 502}}
-            try:
-                await response.write(f"data: {json.dumps(event)}\n\n".encode())
-            except (ConnectionError, RuntimeError):
-                pass
-        return response, False
-    stats["ok"] += 1
-    await response.write_eof()
-    return response, True
+    def timing(self, first_chunk_s: float) -> ProxyTiming:
+        """The request's :class:`ProxyTiming`, its first decode chunk having arrived at ``first_chunk_s``."""
+        decode_first_s = first_chunk_s - self.decode_sent_s
+        ttft_s = time.perf_counter() - self.received_s
+        return ProxyTiming(self.request_id, own_s=ttft_s - self.prefill_leg_s - decode_first_s,
+                           prefill_leg_s=self.prefill_leg_s, decode_first_s=decode_first_s, ttft_s=ttft_s)
 
 
 def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
-    """The request the prefill server gets: one token, no streaming, ``do_remote_decode``."""
+    """The request the prefill server gets: one token, no streaming, ``do_remote_decode``.
+
+    >>> req = prefill_request({"prompt": "hi", "max_tokens": 50, "stream": True})
+    >>> req["max_tokens"], req["stream"], req["kv_transfer_params"]["do_remote_decode"]
+    (1, False, True)
+    """
     req = copy.deepcopy(body)
     req["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
                                  "remote_engine_id": None, "remote_block_ids": None,
@@ -236,108 +161,129 @@ def decode_request(body: dict[str, Any], kv_transfer_params: dict[str, Any] | No
     return req
 
 
-def _error(status: int, message: str, kind: str = "proxy_error") -> web.Response:
-    return error_response(status, message, kind)
+class PDProxy:
+    """The proxy's request path and routes; :meth:`app` is the aiohttp application.
 
+    A request goes :meth:`admit` (validated body → :class:`ProxiedRequest`, or a refusal) →
+    :meth:`prefill_leg` (``kv_transfer_params``) → :meth:`decode_leg` (streamed back).
+    """
 
-def make_app(config: ProxyConfig) -> web.Application:
-    """The aiohttp application (also used directly by tests with aiohttp's test client)."""
-    if not config.prefill_urls or not config.decode_urls:
-        raise ValueError("a disaggregation proxy needs at least one prefill and one decode URL")
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    prefill_rr = itertools.cycle(range(len(config.prefill_urls)))
-    decode_rr = itertools.cycle(range(len(config.decode_urls)))
-    timeout = ClientTimeout(total=None, connect=config.connect_timeout_s, sock_connect=config.connect_timeout_s,
-                            sock_read=config.read_timeout_s)
-    # Prefill answers once, after the whole prompt: bounded by its total time, not by silence.
-    prefill_timeout = ClientTimeout(total=config.prefill_timeout_s, connect=config.connect_timeout_s,
-                                    sock_connect=config.connect_timeout_s)
+    def __init__(self, config: ProxyConfig, state: ProxyState | None = None):
+        self.config = config
+        self.state = state if state is not None else ProxyState(config)
+        # Prefill answers once, after the whole prompt: bounded by its total time, not by silence.
+        self._prefill_timeout = ClientTimeout(total=config.prefill_timeout_s, connect=config.connect_timeout_s,
+                                              sock_connect=config.connect_timeout_s)
 
-    attach_client_session(app, timeout)
+    def app(self) -> web.Application:
+        """A fresh aiohttp application serving this proxy."""
+        cfg = self.config
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        attach_client_session(app, ClientTimeout(total=None, connect=cfg.connect_timeout_s,
+                                                 sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s))
+        for path in ENDPOINTS:
+            app.router.add_post(path, self.handle)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/proxy/stats", self.stats)
+        app.router.add_get("/proxy/timings", self.timings)
+        return app
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        t_in = time.perf_counter()
-        config.stats["requests"] += 1
-        body = await read_request(request, config.stats)
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """One OpenAI request: admit, prefill, decode."""
+        received_s = time.perf_counter()
+        self.state.stats["requests"] += 1
+        body = await read_request(request, self.state.stats)
         if isinstance(body, web.Response):
             return body
-        session = client_session(request)
-        p_url = config.prefill_urls[next(prefill_rr)]
-        d_url = config.decode_urls[next(decode_rr)]
+        job = self.admit(request, body, received_s)
+        if isinstance(job, web.Response):
+            return job
+        kv_params = await self.prefill_leg(request, job)
+        if isinstance(kv_params, web.Response):
+            return kv_params
+        return await self.decode_leg(request, job, kv_params)
+
+    def admit(self, request: web.Request, body: dict[str, Any], received_s: float) -> ProxiedRequest | web.Response:
+        """Admit a validated request before any backend is touched: pick its two backends and its id.
+
+        The place for an admission policy: return an error response to refuse the request.
+        """
+        p_url, d_url = self.state.next_pair()
         request_id = request.headers.get("X-Request-Id") or str(uuid.uuid4())
-        headers = {"X-Request-Id": request_id}
-        if "Authorization" in request.headers:
-            headers["Authorization"] = request.headers["Authorization"]
-        # 1. prefill
+        headers = {**{k: v for k, v in request.headers.items() if k == "Authorization"}, "X-Request-Id": request_id}
+        return ProxiedRequest(body, request_id, headers, p_url, d_url, received_s)
+
+    async def prefill_leg(self, request: web.Request, job: ProxiedRequest) -> dict[str, Any] | None | web.Response:
+        """POST the prefill request; its ``kv_transfer_params``, or the error answer for the client."""
+        cfg, stats, url = self.config, self.state.stats, job.prefill_url
+        reply_headers = {"X-Request-Id": job.request_id}
         t0 = time.perf_counter()
         try:
-            async with asyncio.timeout(config.prefill_timeout_s):
-                async with session.post(p_url + request.path, json=prefill_request(body), headers=headers,
-                                        timeout=prefill_timeout) as resp:
+            async with asyncio.timeout(cfg.prefill_timeout_s):
+                async with client_session(request).post(url + request.path, json=prefill_request(job.body),
+                                                        headers=job.forward_headers,
+                                                        timeout=self._prefill_timeout) as resp:
                     payload = await resp.read()
                     if resp.status != 200:
-                        config.stats["backend_errors" if resp.status >= 500 else "client_errors"] += 1
-                        status = resp.status if 400 <= resp.status < 500 else 502
-                        return web.Response(status=status, body=payload, content_type="application/json")
+                        return backend_error_response(resp.status, payload, stats, reply_headers)
                     kv_params = json.loads(payload).get("kv_transfer_params")
         except TimeoutError:
-            config.stats["backend_errors"] += 1
-            return _error(504, f"prefill server {p_url} did not answer within {config.prefill_timeout_s:g} s")
+            stats["backend_errors"] += 1
+            return error_response(504, f"prefill server {url} did not answer within {cfg.prefill_timeout_s:g} s",
+                                  _KIND, reply_headers)
         except (ClientError, OSError, json.JSONDecodeError) as exc:
-            config.stats["backend_errors"] += 1
-            return _error(502, f"prefill server {p_url} failed: {type(exc).__name__}: {exc}")
-        prefill_s = time.perf_counter() - t0
-        # 2. decode, streamed back as it arrives
-        t_decode = time.perf_counter()
-        first_chunk = True
+            stats["backend_errors"] += 1
+            return error_response(502, f"prefill server {url} failed: {type(exc).__name__}: {exc}", _KIND,
+                                  reply_headers)
+        job.prefill_leg_s = time.perf_counter() - t0
+        return kv_params
 
-        def record_timing(chunk: bytes, arrived: float) -> None:
-            nonlocal first_chunk
-            if not first_chunk:
-                return
-            first_chunk = False
-            decode_first_s = arrived - t_decode
-            ttft_s = time.perf_counter() - t_in
-            config.timings.append(asdict(ProxyTiming(
-                request_id, own_s=ttft_s - prefill_s - decode_first_s, prefill_leg_s=prefill_s,
-                decode_first_s=decode_first_s, ttft_s=ttft_s)))
-            while len(config.timings) > config.max_timings:
-                config.timings.popleft()
+    async def decode_leg(self, request: web.Request, job: ProxiedRequest,
+                         kv_params: dict[str, Any] | None) -> web.StreamResponse:
+        """Relay the decode request, streamed back as it arrives; record the timing of its first chunk."""
+        job.decode_sent_s = time.perf_counter()
+
+        def on_chunk(chunk: bytes, arrived_s: float) -> None:
+            if not job.first_chunk_seen:
+                job.first_chunk_seen = True
+                self.state.timings.append(asdict(job.timing(arrived_s)))
 
         response, _ = await relay(
-            request, d_url, decode_request(body, kv_params), stats=config.stats, who="decode server",
-            error_kind="proxy_error", forward_headers=headers, on_chunk=record_timing,
-            response_headers={"X-Request-Id": request_id, "X-Prefill-Seconds": f"{prefill_s:.6f}",
-                              "X-Prefill-Url": p_url, "X-Decode-Url": d_url})
+            request, job.decode_url, decode_request(job.body, kv_params), stats=self.state.stats,
+            who="decode server", error_kind=_KIND, forward_headers=job.forward_headers, on_chunk=on_chunk,
+            response_headers={"X-Request-Id": job.request_id, "X-Prefill-Seconds": f"{job.prefill_leg_s:.6f}",
+                              "X-Prefill-Url": job.prefill_url, "X-Decode-Url": job.decode_url})
         return response
 
-    async def health(request: web.Request) -> web.Response:
-        probes = {url: url + "/health" for url in config.prefill_urls + config.decode_urls}
-        return await health_response(client_session(request), probes, config.connect_timeout_s)
+    async def health(self, request: web.Request) -> web.Response:
+        """``GET /health``: 200 when every prefill and decode server answers its ``/health``, else 503."""
+        probes = {url: url + "/health" for url in self.config.prefill_urls + self.config.decode_urls}
+        return await health_response(client_session(request), probes, self.config.connect_timeout_s)
 
-    async def models(request: web.Request) -> web.Response:
-        session = client_session(request)
-        url = config.decode_urls[0]
+    async def models(self, request: web.Request) -> web.Response:
+        """``GET /v1/models``: the first decode server's answer."""
+        url = self.config.decode_urls[0]
         try:
-            async with asyncio.timeout(config.connect_timeout_s * 2):
-                async with session.get(url + "/v1/models") as resp:
+            async with asyncio.timeout(self.config.connect_timeout_s * 2):
+                async with client_session(request).get(url + "/v1/models") as resp:
                     return web.Response(status=resp.status, body=await resp.read(), content_type="application/json")
         except (ClientError, OSError, TimeoutError) as exc:
-            return _error(502, f"decode server {url} failed: {type(exc).__name__}: {exc}")
+            return error_response(502, f"decode server {url} failed: {type(exc).__name__}: {exc}", _KIND)
 
-    async def stats(request: web.Request) -> web.Response:
-        return web.json_response({**config.stats, "prefill": config.prefill_urls, "decode": config.decode_urls})
+    async def stats(self, request: web.Request) -> web.Response:
+        """``GET /proxy/stats``: the counters and the backends."""
+        return web.json_response({**self.state.stats, "prefill": self.config.prefill_urls,
+                                  "decode": self.config.decode_urls})
 
-    async def timings(request: web.Request) -> web.Response:
-        return web.json_response(list(config.timings))
+    async def timings(self, request: web.Request) -> web.Response:
+        """``GET /proxy/timings``: :class:`ProxyTiming` of the last successful requests, oldest first."""
+        return web.json_response(list(self.state.timings))
 
-    for path in ENDPOINTS:
-        app.router.add_post(path, handle)
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/proxy/stats", stats)
-    app.router.add_get("/proxy/timings", timings)
-    return app
+
+def make_app(config: ProxyConfig, state: ProxyState | None = None) -> web.Application:
+    """The aiohttp application (also used directly by tests with aiohttp's test client)."""
+    return PDProxy(config, state).app()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
