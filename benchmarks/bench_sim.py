@@ -23,7 +23,7 @@ converted into Dynamo's profile tables. It prints both wall times (best of ``--r
 ratio, TTFT/TPOT/ITL p50 and p90 side by side, and the mechanism behind each difference over 20 %::
 
     .venv/bin/python benchmarks/bench_sim.py --peer dynamo --repeat 3
-    .venv/bin/python benchmarks/bench_sim.py --peer dynamo --peer-max-batched-tokens 131072  # no chunking
+    .venv/bin/python benchmarks/bench_sim.py --peer dynamo --repeat 3 --peer-ablate  # + mechanism ablations
 
 ``--repeat N`` runs every replay N times and reports the best and the median requests/s (the
 machine is shared: the best run is the least disturbed one). ``--profile`` prints where the time
@@ -33,6 +33,7 @@ of one colocated replay goes (cProfile, top functions by own time).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -102,9 +103,28 @@ def profile_sim(mode: str = "colocated", top: int = 15) -> None:
             print("  " + line.replace("/work/main/helpers/", "").rstrip())
 
 
-def bench_peer(peer: str, repeat: int, limit: int | None = None, max_batched_tokens: int = 8192) -> list[dict]:
+#: Ablations that test a named mechanism: each changes one setting in BOTH simulators and prints how
+#: the differences move (a gap that closes names its mechanism; none is a tuning of either side).
+PEER_ABLATIONS = {
+    "no chunking (131,072 tokens/pass: whole prompts, as the profile prices them)": {"max_batched_tokens": 131072},
+    "instant KV hand-off (no link)": {"link": None},
+}
+
+
+def _peer_pair(reqs, trace, settings, tmp, repeat: int):
+    """(pdlab result, Dynamo result), each the best wall time of ``repeat`` runs."""
+    from pdlab.sim import peers
+
+    ours = min((peers.run_pdlab(reqs, settings) for _ in range(repeat)), key=lambda r: r["wall_s"])
+    theirs = min((peers.run_dynamo(trace, settings, tmp) for _ in range(repeat)), key=lambda r: r["wall_s"])
+    return ours, theirs
+
+
+def bench_peer(peer: str, repeat: int, limit: int | None = None, max_batched_tokens: int = 8192,
+               ablate: bool = False) -> list[dict]:
     """pdlab beside ``peer`` (``dynamo``) on the Mooncake conversation trace (its first ``limit``
-    requests), colocated and disaggregated: prints the tables and returns their rows."""
+    requests), colocated and disaggregated: prints the tables (and with ``ablate`` the
+    :data:`PEER_ABLATIONS`) and returns their rows."""
     import tempfile
     from pathlib import Path
 
@@ -120,8 +140,7 @@ def bench_peer(peer: str, repeat: int, limit: int | None = None, max_batched_tok
         reqs = read_mooncake_jsonl(trace)
         for mode in peers.PEER_MODES:
             s = peers.PeerSettings(mode=mode, max_batched_tokens=max_batched_tokens)
-            ours = min((peers.run_pdlab(reqs, s) for _ in range(repeat)), key=lambda r: r["wall_s"])
-            theirs = min((peers.run_dynamo(trace, s, tmp) for _ in range(repeat)), key=lambda r: r["wall_s"])
+            ours, theirs = _peer_pair(reqs, trace, s, tmp, repeat)
             workers = f"{s.instances} workers" if mode == "colocated" else f"{s.prefill}P + {s.decode}D"
             rows = peers.compare_rows(ours, theirs)
             print(peers.format_table(
@@ -131,7 +150,16 @@ def bench_peer(peer: str, repeat: int, limit: int | None = None, max_batched_tok
                 rows))
             for metric, mechs in peers.disagreements(rows, mode):
                 print(f"  note: {metric.removesuffix('_s')} differs by more than 20 %; mechanisms: {', '.join(mechs)}")
+            workers_p = s.instances if mode == "colocated" else s.prefill
+            busy = peers.prefill_busy_fraction(reqs, s.latency(), workers_p, s.max_batched_tokens)
+            print(f"  evidence, prefill attention: the prompts keep the {workers_p} prefilling workers busy "
+                  f"{busy[0]:.0%} of the time as pdlab prices chunks, {busy[1]:.0%} as Dynamo's profile does")
             out.append({"mode": mode, "rows": rows})
+            for label, change in PEER_ABLATIONS.items() if ablate else ():
+                if "link" in change and mode == "colocated":
+                    continue
+                a = dataclasses.replace(s, **change)
+                print(f"  ablation, {label}: {peers.diff_summary(peers.compare_rows(*_peer_pair(reqs, trace, a, tmp, 1)))}")
     lat = peers.PeerSettings().latency()
     ours_s, dyn_s = peers.chunked_prefill_s(lat, 65536, max_batched_tokens)
     print(f"evidence (prefill attention): a 65,536-token prompt in {max_batched_tokens}-token chunks costs "
@@ -172,9 +200,10 @@ def main() -> None:
     ap.add_argument("--peer", choices=["dynamo"], help="replay the trace through pdlab and this peer simulator")
     ap.add_argument("--peer-limit", type=int, default=None, help="only the first N requests (default: all)")
     ap.add_argument("--peer-max-batched-tokens", type=int, default=8192, help="tokens per pass in both (chunk size)")
+    ap.add_argument("--peer-ablate", action="store_true", help="also run the ablations that test each mechanism")
     args = ap.parse_args()
     if args.peer:
-        bench_peer(args.peer, args.repeat, args.peer_limit, args.peer_max_batched_tokens)
+        bench_peer(args.peer, args.repeat, args.peer_limit, args.peer_max_batched_tokens, args.peer_ablate)
         return
     if args.only in (None, "sim"):
         for mode in ("colocated", "disaggregated"):

@@ -154,3 +154,18 @@ def test_real_dynamo_replay_on_a_slice(tmp_path, mode):
     # The converted decode table: Dynamo's median token gap is our roofline's, not its default model's.
     assert ours["itl_p50_s"] == pytest.approx(theirs["itl_p50_s"], rel=0.1)
     assert math.isfinite(theirs["ttft_p90_s"])
+
+
+def test_prefill_busy_fraction():
+    from pdlab.workloads import Request
+
+    reqs = [Request(i, float(i), 100, 2) for i in range(11)]  # 10 s span
+    flat = ConstantLatency(prefill_s=0.1)
+    assert peers.prefill_busy_fraction(reqs, flat, 2, 30) == pytest.approx((11 * 0.4 / 2 / 10,) * 2)
+    long = [Request(i, float(i), 40000, 2) for i in range(11)]
+    ours, theirs = peers.prefill_busy_fraction(long, PeerSettings().latency(), 1, 8192)
+    assert ours > theirs  # chunks after earlier ones cost more attention in pdlab
+    with pytest.raises(ValueError, match="workers"):
+        peers.prefill_busy_fraction(reqs, flat, 0, 30)
+    with pytest.raises(ValueError, match="instant"):
+        peers.prefill_busy_fraction(reqs[:1], flat, 1, 30)

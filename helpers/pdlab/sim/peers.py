@@ -59,7 +59,8 @@ from pdlab.workloads import Request
 __all__ = ["PeerSettings", "PEER_MODES", "METRICS", "MECHANISMS", "peers_python", "dynamo_profile_arrays",
            "write_dynamo_profile", "dynamo_engine_args", "dynamo_replay_kwargs", "dynamo_metrics",
            "run_pdlab", "run_dynamo", "compare_rows", "format_table", "disagreements", "write_trace_slice",
-           "chunked_prefill_s"]
+           "chunked_prefill_s", "diff_summary",
+           "prefill_busy_fraction"]
 
 PEER_MODES = ("colocated", "disaggregated")
 
@@ -115,6 +116,7 @@ class PeerSettings:
     (bf16, 90 % of memory: KV capacity from :func:`pdlab.sim.latency.kv_capacity_tokens`).
     ``block_tokens``: KV block = prefix-cache block (the Mooncake trace's 512-token hash blocks).
     ``max_batched_tokens``: tokens per pass (pdlab's token budget). Routing is round robin in both.
+    ``link`` None: the KV hand-off is instantaneous in both (an ablation of the hand-off model).
     """
 
     mode: str = "colocated"
@@ -128,7 +130,7 @@ class PeerSettings:
     prefix_caching: bool = True
     max_num_seqs: int = 256
     max_batched_tokens: int = 8192
-    link: str = "ib-ndr"
+    link: str | None = "ib-ndr"
 
     def __post_init__(self) -> None:
         if self.mode not in PEER_MODES:
@@ -204,7 +206,7 @@ def dynamo_engine_args(settings: PeerSettings, profile: str | Path, role: str = 
         "enable_prefix_caching": settings.prefix_caching, "enable_chunked_prefill": True,
         "timing_model": {"type": "external", "provider": "dynamo_profile", "config": {"path": str(profile)}},
     }
-    if role != "aggregated":
+    if role != "aggregated" and settings.link is not None:
         engine["kv_transfer_bandwidth"] = get_link(settings.link).bytes_per_s / 1e9  # decimal GB/s
         engine["kv_transfer_bytes_per_token"] = kv_bytes_per_token(get_model(settings.model), "bf16")
     return {"engine": engine}
@@ -331,6 +333,28 @@ def disagreements(rows: Sequence[Mapping[str, Any]], mode: str, tolerance: float
             out.append((r["metric"], [name for name, (modes, moves, _) in MECHANISMS.items()
                                       if mode in modes and kind in moves]))
     return out
+
+
+def prefill_busy_fraction(requests: Sequence[Request], latency: LatencyModel, workers: int,
+                          chunk_tokens: int) -> tuple[float, float]:
+    """Share of time the ``workers`` that prefill would be busy with the prompts of ``requests``
+    (prefix hits ignored), with each prompt priced by :func:`chunked_prefill_s` as pdlab and as
+    Dynamo do: the load whose queueing the *prefill attention* mechanism changes."""
+    if workers < 1 or not requests:
+        raise ValueError("need workers >= 1 and at least one request")
+    span = max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests)
+    if span <= 0:
+        raise ValueError("the requests arrive at one instant: no busy fraction")
+    ours = theirs = 0.0
+    for r in requests:
+        a, b = chunked_prefill_s(latency, r.prompt_tokens, chunk_tokens)
+        ours, theirs = ours + a, theirs + b
+    return ours / workers / span, theirs / workers / span
+
+
+def diff_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line of the relative differences (pdlab vs Dynamo) of :data:`METRICS`, e.g. for an ablation."""
+    return ", ".join(f"{r['metric'].removesuffix('_s')} {r['ratio']:+.0%}" for r in rows if r["metric"] in METRICS)
 
 
 def format_table(title: str, rows: Sequence[Mapping[str, Any]]) -> str:
