@@ -126,6 +126,11 @@ def test_validators_catch_broken_objects():
     no_front = copy.deepcopy(doc)
     no_front["spec"]["components"] = no_front["spec"]["components"][1:]
     assert any("type frontend" in p for p in dgd_problems(no_front, placement, OPTS))
+    renamed = copy.deepcopy(doc)
+    renamed["spec"]["components"][1]["name"] = "Decode"   # the CRD's names are unique regardless of case
+    renamed["spec"]["components"][0]["podTemplate"]["spec"]["containers"][0]["name"] = "frontend"
+    problems = " | ".join(dgd_problems(renamed, placement, OPTS))
+    assert "'decode' repeats" in problems and "component 'Frontend': no container named main" in problems
     assert any("metadata.name" in p for p in k8s_object_problems({**doc, "metadata": {"name": "Bad_Name"}}))
     assert any("apiVersion" in p for p in k8s_object_problems({**doc, "apiVersion": "nvidia"}))
     assert any("no containers" in p for p in k8s_object_problems(
@@ -138,6 +143,62 @@ def test_validators_catch_broken_objects():
     assert "replicas 3" in problems and "--tensor-parallel-size is 1" in problems and "adds up to 18" in problems
     del docs["kustomization.yaml"]
     assert any("files are" in p for p in llm_d_problems(docs, placement, OPTS))
+
+
+# A stand-in for llm-d's single-host P/D base (guides/recipes/modelserver/base/single-host/pd/vllm): its two
+# Deployments, their model-server container, and the decode pod's routing sidecar, with the image placeholders.
+_BASE = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: prefill}
+spec:
+  selector: {matchLabels: {llm-d.ai/role: prefill}}
+  template:
+    metadata: {labels: {llm-d.ai/role: prefill}}
+    spec:
+      containers: [{name: modelserver, image: REPLACE_MODEL_SERVER_IMAGE, args: [base]}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: decode}
+spec:
+  selector: {matchLabels: {llm-d.ai/role: decode}}
+  template:
+    metadata: {labels: {llm-d.ai/role: decode}}
+    spec:
+      initContainers: [{name: routing-proxy, image: REPLACE_ROUTING_SIDECAR_IMAGE, restartPolicy: Always}]
+      containers: [{name: modelserver, image: REPLACE_MODEL_SERVER_IMAGE, args: [base]}]
+"""
+
+
+def test_llm_d_overlay_builds_with_kustomize(tmp_path):
+    """``kubectl kustomize`` (offline) applies the overlay to a stand-in base: patches merge by container name."""
+    import shutil
+    import subprocess
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed: the overlay is checked by llm_d_problems only")
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "deploy.yaml").write_text(_BASE)
+    (tmp_path / "base" / "kustomization.yaml").write_text("resources: [deploy.yaml]\n")
+    placement = _placement(p=(1, 1), d=(4, 1), n_p=4, n_d=1)
+    opts = ExportOptions("llama-3-70b", gpus_per_node=8, llm_d_base="../base")
+    export_placement(placement, [("llm-d", tmp_path / "overlay")], opts)
+    built = subprocess.run(["kubectl", "kustomize", str(tmp_path / "overlay")], capture_output=True, text=True,
+                           timeout=60)
+    assert built.returncode == 0, built.stderr
+    deployments = {d["metadata"]["name"]: d for d in yaml.safe_load_all(built.stdout)}
+    assert sorted(deployments) == ["pdlab-llama-3-70b-decode", "pdlab-llama-3-70b-prefill"]
+    total = 0
+    for name, d in deployments.items():
+        pod = d["spec"]["template"]
+        assert pod["metadata"]["labels"]["llm-d.ai/inference-serving"] == "true"
+        [server] = pod["spec"]["containers"]
+        assert server["image"] == "docker.io/vllm/vllm-openai:v0.27.1" and server["args"][0] != "base"
+        total += d["spec"]["replicas"] * _gpus(server)
+        if name.endswith("decode"):
+            assert pod["spec"]["initContainers"][0]["image"].startswith("ghcr.io/llm-d/llm-d-router-disagg-sidecar")
+    assert total == placement.total_gpus
 
 
 def test_template_comparison_names_missing_keys():

@@ -463,6 +463,29 @@ def _main_container(component: Mapping[str, Any]) -> Mapping[str, Any]:
     return next((c for c in containers if isinstance(c, Mapping) and c.get("name") == "main"), {})
 
 
+_COMPONENT_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$")
+
+
+def _component_problems(components: list[Any]) -> list[str]:
+    """What the v1beta1 CRD asks of every component: a ``name`` of at most 63 letters, digits and '-',
+    unique regardless of case, and a container named ``main`` with a non-empty image."""
+    problems, seen = [], set()
+    for c in components:
+        if not isinstance(c, Mapping):
+            problems.append("DGD: a component is not a mapping")
+            continue
+        name = c.get("name")
+        if not (isinstance(name, str) and len(name) <= 63 and _COMPONENT_NAME.match(name)):
+            problems.append(f"DGD: component name {name!r} is not 1-63 letters, digits and '-'")
+        elif name.lower() in seen:
+            problems.append(f"DGD: component name {name!r} repeats (names are unique regardless of case)")
+        else:
+            seen.add(name.lower())
+        if not _main_container(c).get("image"):
+            problems.append(f"DGD component {name!r}: no container named main with an image")
+    return problems
+
+
 def dgd_problems(doc: Any, placement: Placement, options: ExportOptions) -> list[str]:
     """Problems of a ``DynamoGraphDeployment`` written for ``placement``: a Kubernetes object of kind
     DynamoGraphDeployment (``nvidia.com/v1beta1``) with one frontend (a known ``--router-mode``, no GPUs), one
@@ -477,6 +500,7 @@ def dgd_problems(doc: Any, placement: Placement, options: ExportOptions) -> list
     components = (doc.get("spec") or {}).get("components") if isinstance(doc.get("spec"), Mapping) else None
     if not isinstance(components, list):
         return problems + ["DGD: spec.components is not a list"]
+    problems += _component_problems(components)
     by_type: dict[str, list[Mapping[str, Any]]] = {}
     for c in components:
         if isinstance(c, Mapping):
