@@ -226,9 +226,11 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
          "forgot the prefix in prefill": c.transfer_s(8192) + c.prefill.time_s(4096)})
 
     # ---- nb08
-    ha = 8 * (5 * get_gpu("h100-sxm").price_per_hour + 7 * get_gpu("a100-80gb").price_per_hour)
-    add(nb08.check_ha_cost_per_hour, (5, 7), ha, {"per-GPU prices, no ×8": ha / 8, "swapped GPU kinds":
-        8 * (5 * get_gpu("a100-80gb").price_per_hour + 7 * get_gpu("h100-sxm").price_per_hour)})
+    p_h, p_a = get_gpu("h100-sxm").price_per_hour, get_gpu("a100-80gb").price_per_hour
+    saving = 8 * (7 * p_h - 12 * p_a)  # 7 × 700 W = 4,900 W buys 12 whole 400 W A100 machines
+    add(nb08.check_iso_power_saving, (5, 7), saving,
+        {"per-GPU prices, no ×8": saving / 8, "12.25 machines, not whole": 8 * (7 * p_h - 12.25 * p_a),
+         "one A100 per H100": 8 * 7 * (p_h - p_a), "the HA cost itself": 8 * (5 * p_h + 12 * p_a)})
     lat08 = roofline_latency(get_gpu("a100-80gb"), get_model("llama-2-70b"), tp=8)
     e2e_ref = lat08.step_time_s(4000, 4000.0**2, 0, 0) + sum(lat08.step_time_s(0, 0.0, 1, 4000 + k) for k in range(199))
     add(nb08.check_e2e_p90_limit_s, ("llama-2-70b", 4000, 200), 1.5 * e2e_ref,

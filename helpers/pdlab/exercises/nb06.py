@@ -5,7 +5,7 @@ from __future__ import annotations
 from pdlab.exercises import CheckResult, check_close, check_true
 from pdlab.sim.latency import LatencyModel
 
-__all__ = ["check_stall", "check_chunks", "check_best_budget", "best_budget"]
+__all__ = ["check_stall", "check_chunks", "check_best_budget", "budget_choice"]
 
 ONE_CALL_OK = {"Exercise 1": "the work is choosing step_time_s's arguments: no decodes in the iteration, "
                              "prefill_sq_tokens = l² for one unchunked prompt"}
@@ -27,7 +27,7 @@ def check_chunks(value, prompt_tokens: int, budget: int, decodes: int) -> CheckR
                             "of the budget: ceil(prompt ÷ (budget − decodes)).")
 
 
-def best_budget(table, ttft_slo_s: float) -> int:
+def budget_choice(table, ttft_slo_s: float) -> int:
     """The token budget with the lowest TPOT p99 among the rows whose TTFT p99 meets the SLO; when no
     row meets it, the budget with the lowest TTFT p99 (the closest to the SLO)."""
     ok = table[table["ttft_p99_s"] <= ttft_slo_s]
@@ -39,7 +39,7 @@ def best_budget(table, ttft_slo_s: float) -> int:
 def check_best_budget(value, table, ttft_slo_s: float) -> CheckResult:
     """Exercise 3: the token budget with the lowest TPOT p99 among those whose TTFT p99 meets the SLO
     (if none meets it: the budget with the lowest TTFT p99). Always has exactly one right answer."""
-    expected = best_budget(table, ttft_slo_s)
+    expected = budget_choice(table, ttft_slo_s)
     try:
         good = value is not None and not isinstance(value, bool) and int(value) == expected
     except (TypeError, ValueError):

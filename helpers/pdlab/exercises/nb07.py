@@ -13,7 +13,7 @@ from pdlab.sched.conductor import mooncake_cluster
 from pdlab.workloads import mooncake_trace_path, read_mooncake_jsonl
 
 __all__ = ["check_coarse_block_hit_ratio", "check_reuse_prefix_tokens", "check_remote_prefix_ttft_s",
-           "coarse_blocks", "reuse_bandwidth_threshold", "reuse_break_even_prefix_tokens"]
+           "coarse_blocks", "coarse_hit_ratio", "reuse_bandwidth_threshold", "reuse_break_even_prefix_tokens"]
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,18 @@ def coarse_blocks(hash_ids: Sequence[int], merge: int) -> list[tuple[int, ...]]:
     return [tuple(hash_ids[i:i + merge]) for i in range(0, len(hash_ids), merge)]
 
 
+def coarse_hit_ratio(requests: Sequence, merge: int) -> float:
+    """Unlimited-cache prefix hit ratio (reused ÷ prompt tokens) of ``requests`` in order, with blocks of
+    ``merge`` × 512 tokens built from the trace's 512-token keys."""
+    coarse = [_Coarse(tuple(coarse_blocks(r.hash_ids, merge)), r.prompt_tokens) for r in requests]
+    return cache_hit_ratio(coarse, block_tokens=BLOCK_TOKENS * merge).ratio
+
+
 def check_coarse_block_hit_ratio(value, n_requests: int, merge: int = 2) -> CheckResult:
     """Exercise 1: unlimited-cache prefix hit ratio of the first ``n_requests`` of the conversation trace
     when the cache keeps blocks of ``merge`` × 512 tokens instead of 512."""
     reqs = read_mooncake_jsonl(mooncake_trace_path("conversation"), limit=n_requests)
-    coarse = [_Coarse(tuple(coarse_blocks(r.hash_ids, merge)), r.prompt_tokens) for r in reqs]
-    expected = cache_hit_ratio(coarse, block_tokens=BLOCK_TOKENS * merge).ratio
+    expected = coarse_hit_ratio(reqs, merge)
     return check_close("Exercise 1", value, expected, rel_tol=1e-6,
                        hint=f"a {BLOCK_TOKENS * merge}-token block hits only when all {merge} of its 512-token keys "
                             f"were seen: count leading coarse keys seen, reusable = min({BLOCK_TOKENS * merge} × that, "

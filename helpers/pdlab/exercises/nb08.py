@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from pdlab.exercises import CheckResult, check_close
-from pdlab.sched.pools import PoolDesign, reference_latencies
+from pdlab.hardware import get_gpu
+from pdlab.sched.pools import reference_latencies
 
-__all__ = ["check_ha_cost_per_hour", "check_e2e_p90_limit_s"]
+__all__ = ["check_iso_power_saving", "check_e2e_p90_limit_s"]
 
 
-def check_ha_cost_per_hour(value, prompt_machines: int = 2, token_machines: int = 3) -> CheckResult:
-    """Exercise 1: USD per hour of an HA design with ``prompt_machines`` DGX-H100 prompt and
-    ``token_machines`` DGX-A100 token machines."""
-    expected = PoolDesign("h100-sxm", prompt_machines, "a100-80gb", token_machines).cost_per_hour
+def check_iso_power_saving(value, prompt_machines: int = 5, token_machines: int = 7) -> CheckResult:
+    """Exercise 1: USD per hour saved by turning HH (``prompt_machines`` + ``token_machines`` DGX-H100) into HA,
+    the H100 token machines replaced by as many whole DGX-A100 as the same GPU TDP allows."""
+    h, a = get_gpu("h100-sxm"), get_gpu("a100-80gb")
+    n_a = int(token_machines * h.tdp_w // a.tdp_w)
+    expected = 8 * (token_machines * h.price_per_hour - n_a * a.price_per_hour)
     return check_close("Exercise 1", value, expected, rel_tol=1e-6, unit="USD/h",
-                       hint="8 GPUs per machine × catalog price_per_hour (USD per GPU-hour).")
+                       hint="A100 machines = floor(token machines × H100 TDP ÷ A100 TDP); the prompt machines are the "
+                            "same in both designs; 8 GPUs per machine × catalog price_per_hour.")
 
 
 def check_e2e_p90_limit_s(value, model: str, prompt_tokens: int, output_tokens: int) -> CheckResult:
