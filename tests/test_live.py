@@ -152,6 +152,66 @@ def test_real_proxy_rejects_malformed_requests(deployment):
     assert status == 400
 
 
+def _raw_post(url: str, data: bytes, timeout: float = 30.0) -> tuple[int, dict, float]:
+    """POST raw bytes; (status, JSON body, seconds)."""
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}"), time.monotonic() - t0
+    except urllib.error.HTTPError as exc:
+        body = exc.read() or b"{}"
+        return exc.code, json.loads(body), time.monotonic() - t0
+
+
+def _engine_state(deployment) -> dict[str, float]:
+    """Running and waiting requests and KV-cache usage summed over the servers (``/metrics``)."""
+    from pdlab.serve.evidence import scrape_metrics
+
+    snaps = [scrape_metrics(s.url) for s in deployment.servers]
+    return {"running": sum(m.total("vllm:num_requests_running") for m in snaps),
+            "waiting": sum(m.total("vllm:num_requests_waiting") for m in snaps),
+            "kv_usage": sum(m.total("vllm:kv_cache_usage_perc") for m in snaps)}
+
+
+BAD_INPUTS = {  # name → (body, words the error message must contain)
+    "prompt longer than the context": (lambda m: {"model": m, "prompt": [7] * 2100, "max_tokens": 4},
+                                       ("context",)),
+    "max_tokens 0": (lambda m: {"model": m, "prompt": "hello there", "max_tokens": 0}, ("max_tokens",)),
+    "max_tokens -3": (lambda m: {"model": m, "prompt": "hello there", "max_tokens": -3}, ("max_tokens",)),
+    "max_tokens above the context": (lambda m: {"model": m, "prompt": "hello there", "max_tokens": 5000},
+                                     ("max_tokens", "context")),
+    "unknown model": (lambda m: {"model": "no-such-model", "prompt": "hello", "max_tokens": 4}, ("model",)),
+    "invalid stream_options": (lambda m: {"model": m, "prompt": "hello", "max_tokens": 4, "stream": True,
+                                          "stream_options": "yes please"}, ("stream_options",)),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_through_the_front_door_is_a_quick_4xx_that_costs_nothing(deployment, case):
+    make, words = BAD_INPUTS[case]
+    idle = _engine_state(deployment)
+    status, payload, seconds = _raw_post(deployment.url + "/v1/completions",
+                                         json.dumps(make(deployment.served_model())).encode())
+    message = json.dumps(payload).lower()
+    print(f"{case}: HTTP {status} in {seconds * 1e3:.0f} ms: {message[:200]}")
+    assert 400 <= status < 500, f"{case}: HTTP {status}"
+    assert all(w in message for w in words), f"{case}: the error does not name the problem: {message[:300]}"
+    assert seconds < 1.0, f"{case}: took {seconds:.2f} s"
+    time.sleep(0.5)
+    after = _engine_state(deployment)
+    assert after["running"] == 0 and after["waiting"] == 0, f"{case}: an engine still holds the request: {after}"
+    assert after["kv_usage"] <= idle["kv_usage"] + 1e-9, f"{case}: KV blocks held after the error: {idle} → {after}"
+
+
+def test_a_non_utf8_body_is_a_400_naming_the_encoding(deployment):
+    body = b'{"model": "m", "prompt": "caf' + bytes([0xFF, 0xFE]) + b'", "max_tokens": 4}'
+    status, payload, seconds = _raw_post(deployment.url + "/v1/completions", body)
+    message = json.dumps(payload).lower()
+    assert status == 400 and "utf-8" in message, (status, message)
+    assert seconds < 1.0
+
+
 def test_pdlab_bench_and_vllm_bench_serve_side_by_side(deployment):
     """Both clients, one request at a time, interleaved on one server (the prefill instance serves plain requests too)."""
     from pdlab.serve.agreement import compare_medians, side_by_side_with_vllm_bench

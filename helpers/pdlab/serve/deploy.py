@@ -28,12 +28,16 @@ __all__ = ["Deployment", "colocated", "disaggregated", "start_proxy"]
 
 def start_proxy(prefill_urls: Sequence[str], decode_urls: Sequence[str], *, port: int = 8000,
                 read_timeout_s: float = 30.0, log_dir: str | Path | None = None,
-                timeout_s: float = 30.0) -> ManagedProcess:
-    """Run ``python -m pdlab.serve.proxy`` as a managed process; wait until it listens."""
+                timeout_s: float = 30.0, extra_args: Sequence[str] = ()) -> ManagedProcess:
+    """Run ``python -m pdlab.serve.proxy`` as a managed process; wait until it listens.
+
+    ``extra_args`` go to the proxy as they are, e.g. ``["--admission-profile", P, "--ttft-slo", "1.0",
+    "--tokenizer", DIR]`` for early rejection (:mod:`pdlab.serve.admission`).
+    """
     check_port_free(port, what="disaggregation proxy")
     log = Path(log_dir or build_dir() / "serve") / f"proxy-{port}.log"
     argv = [sys.executable, "-m", "pdlab.serve.proxy", "--port", str(port), "--read-timeout", str(read_timeout_s),
-            "--prefill", *prefill_urls, "--decode", *decode_urls]
+            "--prefill", *prefill_urls, "--decode", *decode_urls, *extra_args]
     proc = spawn(f"proxy-{port}", argv, log)
     try:
         wait_http_ok(proc, f"http://127.0.0.1:{port}/proxy/stats", timeout_s, poll_s=0.2)

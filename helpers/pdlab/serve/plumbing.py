@@ -54,8 +54,18 @@ def validate_request(kind: str, body: Any) -> dict[str, Any]:
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise BadRequest("'messages' must be a non-empty list of objects")
     for key in ("max_tokens", "max_completion_tokens"):
-        if key in body and body[key] is not None and (not isinstance(body[key], int) or body[key] < 1):
-            raise BadRequest(f"'{key}' must be a positive integer")
+        if key in body and body[key] is not None and (isinstance(body[key], bool) or not isinstance(body[key], int)
+                                                      or body[key] < 1):
+            raise BadRequest(f"'{key}' must be a positive integer, got {body[key]!r}")
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise BadRequest(f"'stream_options' must be an object such as {{\"include_usage\": true}}, got {options!r}")
+        if not body.get("stream"):
+            raise BadRequest("'stream_options' is only allowed with \"stream\": true")
+        wrong = {k: v for k, v in options.items() if not isinstance(v, bool)}
+        if wrong:
+            raise BadRequest(f"'stream_options' values must be true or false, got {wrong}")
     return body
 
 
@@ -102,10 +112,16 @@ async def read_request(request: web.Request, stats: dict[str, Any]) -> dict[str,
     Counts rejected requests in ``stats["client_errors"]``.
     """
     try:
-        return validate_request(ENDPOINTS[request.path], await request.json())
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        text = (await request.read()).decode("utf-8")
+        return validate_request(ENDPOINTS[request.path], json.loads(text))
+    except UnicodeDecodeError as exc:
         stats["client_errors"] += 1
-        return error_response(400, "the request body is not valid JSON", "invalid_request_error")
+        return error_response(400, f"the request body is not valid UTF-8 (byte {exc.start}): JSON must be UTF-8",
+                              "invalid_request_error")
+    except json.JSONDecodeError as exc:
+        stats["client_errors"] += 1
+        return error_response(400, f"the request body is not valid JSON ({exc.msg} at line {exc.lineno} "
+                              f"column {exc.colno})", "invalid_request_error")
     except BadRequest as exc:
         stats["client_errors"] += 1
         return error_response(400, str(exc), "invalid_request_error")

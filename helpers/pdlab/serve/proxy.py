@@ -37,6 +37,7 @@ from typing import Any
 
 from aiohttp import ClientError, ClientTimeout, web
 
+from pdlab.serve.admission import PrefillModel, TTFTAdmission
 from pdlab.serve.plumbing import (
     ENDPOINTS,
     attach_client_session,
@@ -49,8 +50,8 @@ from pdlab.serve.plumbing import (
     relay,
 )
 
-__all__ = ["ProxyConfig", "ProxyState", "ProxyTiming", "ProxiedRequest", "PDProxy", "make_app", "prefill_request",
-           "decode_request", "main"]
+__all__ = ["ProxyConfig", "ProxyState", "ProxyTiming", "ProxiedRequest", "PDProxy", "BackendLimits", "make_app",
+           "prefill_request", "decode_request", "context_error", "main"]
 
 log = logging.getLogger("pdlab.proxy")
 _KIND = "proxy_error"  # the ``type`` of the proxy's own error answers
@@ -67,12 +68,21 @@ class ProxyConfig:
     prefill_timeout_s: float = 120.0
     read_timeout_s: float = 60.0  # longest silence allowed between chunks from decode
     max_timings: int = 10_000
+    #: Early rejection (off when None): a latency profile whose prefill coefficients predict TTFT
+    #: (:mod:`pdlab.serve.admission`), the TTFT SLO, the hand-off time added to every prediction,
+    #: and the tokenizer folder that counts a text prompt's tokens.
+    admission_profile: str | None = None
+    ttft_slo_s: float | None = None
+    handoff_s: float = 0.0
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if not self.prefill_urls or not self.decode_urls:
             raise ValueError("a disaggregation proxy needs at least one prefill and one decode URL")
         if self.max_timings < 1:
             raise ValueError(f"max_timings must be at least 1, got {self.max_timings}")
+        if self.admission_profile is not None and self.ttft_slo_s is None:
+            raise ValueError("admission needs a TTFT SLO (--ttft-slo) with its profile")
 
 
 @dataclass(frozen=True)
@@ -97,17 +107,76 @@ class ProxyState:
     (``GET /proxy/timings``) and its place in the two round robins."""
 
     config: ProxyConfig
-    stats: dict[str, int] = field(default_factory=new_stats)
+    stats: dict[str, int] = field(default_factory=lambda: new_stats(rejected=0))
     timings: deque[dict[str, Any]] = field(init=False)
+    limits: BackendLimits | None = None
+    admission: TTFTAdmission | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.timings = deque(maxlen=self.config.max_timings)
         self._prefill_rr = itertools.cycle(self.config.prefill_urls)
         self._decode_rr = itertools.cycle(self.config.decode_urls)
+        self._tokenizer = None
+        cfg = self.config
+        if cfg.admission_profile is not None:
+            self.admission = TTFTAdmission(PrefillModel.from_profile(cfg.admission_profile), cfg.ttft_slo_s,
+                                           cfg.handoff_s)
+            if cfg.tokenizer is not None:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+
+    def prompt_tokens(self, body: dict[str, Any]) -> int:
+        """Tokens of a request's prompt: a token-id list's length, else the tokenizer's count."""
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return len(prompt)
+        if self._tokenizer is None:
+            raise ValueError("this proxy predicts TTFT from token counts: send the prompt as token ids, or start "
+                             "it with --tokenizer")
+        if "messages" in body:
+            return len(self._tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True))
+        texts = prompt if isinstance(prompt, list) else [prompt]
+        return sum(len(self._tokenizer(t).input_ids) for t in texts)
 
     def next_pair(self) -> tuple[str, str]:
         """The next (prefill URL, decode URL), each by round robin."""
         return next(self._prefill_rr), next(self._decode_rr)
+
+
+@dataclass(frozen=True)
+class BackendLimits:
+    """What the backends accept: their model names and context length (tokens), from ``/v1/models``."""
+
+    model_ids: frozenset[str]
+    max_model_len: int | None
+
+
+def context_error(body: dict[str, Any], limits: BackendLimits) -> str | None:
+    """Why a request cannot fit the context, or None: checked before any backend does work.
+
+    A prompt given as token ids is checked with its length; a text prompt's length is known only
+    to the engine (its own check answers that). ``max_tokens`` alone must leave room for a prompt.
+
+    >>> lim = BackendLimits(frozenset({"m"}), 2048)
+    >>> context_error({"prompt": [1] * 2000, "max_tokens": 100}, lim)
+    'prompt (2000 tokens) + max_tokens (100) exceed the model context of 2048 tokens'
+    >>> context_error({"prompt": "hi", "max_tokens": 16}, lim) is None
+    True
+    """
+    if limits.max_model_len is None:
+        return None
+    n = limits.max_model_len
+    out = body.get("max_tokens") or body.get("max_completion_tokens")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        if len(prompt) >= n:
+            return f"the prompt ({len(prompt)} tokens) does not fit the model context of {n} tokens"
+        if out and len(prompt) + out > n:
+            return f"prompt ({len(prompt)} tokens) + max_tokens ({out}) exceed the model context of {n} tokens"
+    if out and out >= n:
+        return f"max_tokens ({out}) leaves no room for a prompt in the model context of {n} tokens"
+    return None
 
 
 @dataclass
@@ -187,6 +256,7 @@ class PDProxy:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/proxy/stats", self.stats)
         app.router.add_get("/proxy/timings", self.timings)
+        app.router.add_get("/proxy/admission", self.admission_state)
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -196,10 +266,16 @@ class PDProxy:
         body = await read_request(request, self.state.stats)
         if isinstance(body, web.Response):
             return body
+        if self.state.limits is None:
+            self.state.limits = await self.backend_limits(request)
         job = self.admit(request, body, received_s)
         if isinstance(job, web.Response):
             return job
-        kv_params = await self.prefill_leg(request, job)
+        try:
+            kv_params = await self.prefill_leg(request, job)
+        finally:
+            if self.state.admission is not None:
+                self.state.admission.done(job.request_id)
         if isinstance(kv_params, web.Response):
             return kv_params
         return await self.decode_leg(request, job, kv_params)
@@ -207,12 +283,48 @@ class PDProxy:
     def admit(self, request: web.Request, body: dict[str, Any], received_s: float) -> ProxiedRequest | web.Response:
         """Admit a validated request before any backend is touched: pick its two backends and its id.
 
-        The place for an admission policy: return an error response to refuse the request.
+        Refused here, with nothing sent to an engine: a request that cannot fit the context (400;
+        an unknown model is the engines' 404, passed on), and — with admission on — a request whose predicted TTFT misses the
+        SLO (503 with ``Retry-After``, :mod:`pdlab.serve.admission`).
         """
-        p_url, d_url = self.state.next_pair()
         request_id = request.headers.get("X-Request-Id") or str(uuid.uuid4())
+        reply = {"X-Request-Id": request_id}
+        limits, stats = self.state.limits, self.state.stats
+        if limits is not None and (why := context_error(body, limits)):
+            stats["client_errors"] += 1
+            return error_response(400, why, "invalid_request_error", reply)
+        policy = self.state.admission
+        if policy is not None:
+            try:
+                tokens = self.state.prompt_tokens(body)
+            except ValueError as exc:
+                stats["client_errors"] += 1
+                return error_response(400, str(exc), "invalid_request_error", reply)
+            verdict = policy.decide(tokens)
+            if not verdict.admit:
+                stats["rejected"] += 1
+                return error_response(
+                    503, f"rejected on arrival: predicted TTFT {verdict.predicted_ttft_s:.3f} s (queue "
+                    f"{verdict.wait_s:.3f} s + prefill of {tokens} tokens) exceeds the SLO of {policy.ttft_slo_s:g} s",
+                    "overloaded", {**reply, "Retry-After": str(verdict.retry_after_s)})
+            policy.start(request_id, tokens)
+        p_url, d_url = self.state.next_pair()
         headers = {**{k: v for k, v in request.headers.items() if k == "Authorization"}, "X-Request-Id": request_id}
         return ProxiedRequest(body, request_id, headers, p_url, d_url, received_s)
+
+    async def backend_limits(self, request: web.Request) -> BackendLimits | None:
+        """Model names and context length from the first prefill server's ``/v1/models`` (None if it fails)."""
+        url = self.config.prefill_urls[0] + "/v1/models"
+        try:
+            async with asyncio.timeout(self.config.connect_timeout_s):
+                async with client_session(request).get(url) as resp:
+                    data = (await resp.json())["data"]
+        except (ClientError, OSError, TimeoutError, KeyError, TypeError, ValueError) as exc:
+            log.warning("could not read the backends' limits from %s: %s", url, exc)
+            return None
+        ids = frozenset(str(m["id"]) for m in data if "id" in m)
+        lens = [int(m["max_model_len"]) for m in data if m.get("max_model_len")]
+        return BackendLimits(ids, min(lens) if lens else None)
 
     async def prefill_leg(self, request: web.Request, job: ProxiedRequest) -> dict[str, Any] | None | web.Response:
         """POST the prefill request; its ``kv_transfer_params``, or the error answer for the client."""
@@ -280,6 +392,11 @@ class PDProxy:
         """``GET /proxy/timings``: :class:`ProxyTiming` of the last successful requests, oldest first."""
         return web.json_response(list(self.state.timings))
 
+    async def admission_state(self, request: web.Request) -> web.Response:
+        """``GET /proxy/admission``: whether early rejection is on, its counters and predicted queue."""
+        policy = self.state.admission
+        return web.json_response({"enabled": False} if policy is None else {"enabled": True, **policy.state()})
+
 
 def make_app(config: ProxyConfig, state: ProxyState | None = None) -> web.Application:
     """The aiohttp application (also used directly by tests with aiohttp's test client)."""
@@ -295,11 +412,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--read-timeout", type=float, default=60.0, help="seconds of silence from decode allowed")
     parser.add_argument("--connect-timeout", type=float, default=5.0)
     parser.add_argument("--prefill-timeout", type=float, default=120.0)
+    parser.add_argument("--admission-profile", help="latency profile JSON: turns on early rejection (TTFT SLO)")
+    parser.add_argument("--ttft-slo", type=float, help="seconds; with --admission-profile")
+    parser.add_argument("--handoff", type=float, default=0.0, help="seconds added to every predicted TTFT")
+    parser.add_argument("--tokenizer", help="tokenizer folder that counts text prompts; with --admission-profile")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ProxyConfig([u.rstrip("/") for u in args.prefill], [u.rstrip("/") for u in args.decode],
                          connect_timeout_s=args.connect_timeout, prefill_timeout_s=args.prefill_timeout,
-                         read_timeout_s=args.read_timeout)
+                         read_timeout_s=args.read_timeout, admission_profile=args.admission_profile,
+                         ttft_slo_s=args.ttft_slo, handoff_s=args.handoff, tokenizer=args.tokenizer)
     web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
                 print=lambda msg: print(msg, flush=True))
 
