@@ -10,7 +10,6 @@ import json
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-
 from pdlab.serve.proxy import ProxyConfig, make_app
 
 
