@@ -32,7 +32,7 @@ from typing import Any
 
 from pdlab.hardware import get_gpu
 from pdlab.metrics import SLO, slo_attainment
-from pdlab.models import get_model, kv_bytes_per_token, weight_bytes
+from pdlab.models import ModelConfig, get_model, kv_bytes_per_token, weight_bytes
 from pdlab.sim.cluster import ClusterSpec, PoolSpec, build_cluster
 from pdlab.sim.latency import ConstantLatency, LatencyModel
 from pdlab.workloads import Request, named_workload, read_mooncake_jsonl, with_rate
@@ -49,7 +49,10 @@ __all__ = [
     "decode_goodput",
     "pair_goodput",
     "colocated_goodput",
+    "SearchContext",
     "make_env",
+    "resolve_model",
+    "fits",
     "place_high_affinity",
     "place_low_affinity",
     "place",
@@ -193,40 +196,79 @@ def max_rate(attainment_at: Callable[[float], float], goal: float, settings: Sea
 # one configuration
 
 
-@dataclass(frozen=True)
-class _Env:
-    """Everything a worker process needs (picklable)."""
+def resolve_model(model: str | ModelConfig) -> ModelConfig:
+    """A catalog name resolved to its :class:`~pdlab.models.ModelConfig` (a config is returned as is).
 
-    model: str
+    >>> resolve_model("opt-13b").num_layers
+    40
+    """
+    return get_model(model) if isinstance(model, str) else model
+
+
+def fits(model: ModelConfig, gpu: str, cfg: ParallelConfig, *, dtype: str = "bf16",
+         memory_utilization: float = 0.9, min_kv_tokens: int = 2048) -> bool:
+    """The one fit rule: ``cfg``'s GPUs, at ``memory_utilization`` of their memory, hold the weights in
+    ``dtype`` plus at least ``min_kv_tokens`` tokens of KV (DistServe: G.size/(inter·intra) < C).
+
+    >>> fits(resolve_model("opt-66b"), "a100-80gb", ParallelConfig(1, 1))   # 131 GB of weights
+    False
+    >>> fits(resolve_model("opt-66b"), "a100-80gb", ParallelConfig(2, 1))
+    True
+    """
+    room = cfg.num_gpus * get_gpu(gpu).memory_bytes * memory_utilization - weight_bytes(model, dtype)
+    return room >= min_kv_tokens * kv_bytes_per_token(model, dtype)
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """Everything one goodput search needs, picklable for worker processes: the resolved model, the
+    GPU (catalog name), the workload, the SLOs (s), the attainment goal, the search size, the
+    cross-node KV bandwidth (bytes/s; None: free), the dtype of weights and KV, the fraction of GPU
+    memory the engine may use, the prefill token budget and an optional latency factory
+    ``(tp, pp) → LatencyModel`` (default: the roofline). Build it with :func:`make_env`."""
+
+    model: ModelConfig
     gpu: str
     workload: Any
     slo_ttft_s: float
     slo_tpot_s: float
     goal: float
     settings: SearchSettings
-    cross_node_bytes_per_s: float | None
+    cross_node_bytes_per_s: float | None = None
     dtype: str = "bf16"
+    memory_utilization: float = 0.9
     max_batched_tokens: int = 2048
     latency: Callable[[int, int], LatencyModel] | None = None
 
     def requests(self, rate: float) -> list[Request]:
+        """The search's requests at ``rate`` (req/s)."""
         return workload_requests(self.workload, self.settings.requests_at(rate), rate, self.settings.seed)
 
+    def fits(self, cfg: ParallelConfig) -> bool:
+        """:func:`fits` with this context's model, GPU, dtype and memory utilisation."""
+        return fits(self.model, self.gpu, cfg, dtype=self.dtype, memory_utilization=self.memory_utilization)
 
-def _pool(env: _Env, role: str, cfg: ParallelConfig, count: int = 1, **options: Any) -> PoolSpec:
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token of the model in the context's dtype."""
+        return kv_bytes_per_token(self.model, self.dtype)
+
+
+def _pool(env: SearchContext, role: str, cfg: ParallelConfig, count: int = 1, **options: Any) -> PoolSpec:
     """``count`` instances of ``cfg`` on the search's GPU (its latency factory, else the roofline)."""
     return PoolSpec(role, count, env.gpu, cfg.tp, cfg.pp, env.latency, options=options)
 
 
-def _run(env: _Env, pools: list[PoolSpec], rate: float, slo: SLO, *, link_bytes_per_s: float | None = None,
+def _run(env: SearchContext, pools: list[PoolSpec], rate: float, slo: SLO, *, link_bytes_per_s: float | None = None,
          dispatch: str | None = None, requests: list[Request] | None = None) -> float:
     """SLO attainment of ``pools`` (:func:`pdlab.sim.build_cluster`) on the workload at ``rate``."""
-    cluster = ClusterSpec(pools, env.model, env.dtype, link_bandwidth_bytes_per_s=link_bytes_per_s, dispatch=dispatch)
+    cluster = ClusterSpec(pools, env.model, env.dtype, memory_utilization=env.memory_utilization,
+                          link_bandwidth_bytes_per_s=link_bytes_per_s, dispatch=dispatch)
     res = build_cluster(cluster, record_token_times=False).run(requests or env.requests(rate))
     return slo_attainment(res.records, slo)
 
 
-def _attainment_prefill(env: _Env, cfg: ParallelConfig, rate: float) -> float:
+def _attainment_prefill(env: SearchContext, cfg: ParallelConfig, rate: float) -> float:
     from dataclasses import replace
 
     reqs = [replace(r, output_tokens=1) for r in env.requests(rate)]
@@ -234,7 +276,7 @@ def _attainment_prefill(env: _Env, cfg: ParallelConfig, rate: float) -> float:
                 SLO(ttft_s=env.slo_ttft_s), requests=reqs)
 
 
-def _attainment_decode(env: _Env, cfg: ParallelConfig, rate: float) -> float:
+def _attainment_decode(env: SearchContext, cfg: ParallelConfig, rate: float) -> float:
     """One decode instance; an instant prefill instance in front; KV over the cross-node link."""
     front = PoolSpec("prefill", latency=ConstantLatency(0.0), kv_capacity_tokens=10**12,
                      options={"max_batched_tokens": 10**9, "max_num_seqs": 10**6})
@@ -242,46 +284,60 @@ def _attainment_decode(env: _Env, cfg: ParallelConfig, rate: float) -> float:
                 link_bytes_per_s=env.cross_node_bytes_per_s)
 
 
-def _attainment_pair(env: _Env, pcfg: ParallelConfig, dcfg: ParallelConfig, n_p: int, n_d: int, rate: float) -> float:
+def _attainment_pair(env: SearchContext, pcfg: ParallelConfig, dcfg: ParallelConfig, n_p: int, n_d: int, rate: float) -> float:
     pools = [_pool(env, "prefill", pcfg, n_p, max_batched_tokens=env.max_batched_tokens),
              _pool(env, "decode", dcfg, n_d)]
     return _run(env, pools, rate, SLO(ttft_s=env.slo_ttft_s, tpot_s=env.slo_tpot_s),
                 link_bytes_per_s=get_gpu(env.gpu).nvlink_bytes_per_s, dispatch="shortest_queue")
 
 
-def _attainment_colocated(env: _Env, cfg: ParallelConfig, rate: float, scheduler: str) -> float:
+def _attainment_colocated(env: SearchContext, cfg: ParallelConfig, rate: float, scheduler: str) -> float:
     pool = _pool(env, "colocated", cfg, scheduler=scheduler, max_batched_tokens=max(env.max_batched_tokens, 16384))
     return _run(env, [pool], rate, SLO(ttft_s=env.slo_ttft_s, tpot_s=env.slo_tpot_s))
 
 
-def colocated_goodput(env: _Env, cfg: ParallelConfig, scheduler: str = "vllm") -> PhaseGoodput:
+def colocated_goodput(env: SearchContext, cfg: ParallelConfig, scheduler: str = "vllm") -> PhaseGoodput:
     """The baseline: one colocated instance (vLLM-style or chunked) meeting both SLOs."""
     rate = max_rate(lambda r: _attainment_colocated(env, cfg, r, scheduler), env.goal, env.settings)
     return PhaseGoodput("colocated", cfg, cfg, cfg.num_gpus, rate, rate / cfg.num_gpus, {"scheduler": scheduler})
 
 
-def make_env(model: str, gpu: str, workload: Any, slo: SLO, *, attainment: float = 0.9,
+def make_env(model: str | ModelConfig, gpu: str, workload: Any, slo: SLO, *, attainment: float = 0.9,
              settings: SearchSettings | None = None, cross_node_bytes_per_s: float | None = None,
-             latency: Callable[[int, int], LatencyModel] | None = None) -> _Env:
-    """The search context used by :func:`prefill_goodput`, :func:`decode_goodput`, :func:`pair_goodput`
-    and :func:`colocated_goodput` (for one-off measurements such as DistServe's Fig. 1)."""
-    return _env(model, gpu, workload, slo, attainment, settings or SEARCH_PROFILES["ci"], cross_node_bytes_per_s,
-                latency)
+             latency: Callable[[int, int], LatencyModel] | None = None, dtype: str = "bf16",
+             memory_utilization: float = 0.9) -> SearchContext:
+    """The :class:`SearchContext` used by :func:`prefill_goodput`, :func:`decode_goodput`,
+    :func:`pair_goodput`, :func:`colocated_goodput` (one-off measurements such as DistServe's Fig. 1)
+    and the two placement algorithms. Both SLOs are needed; ``attainment`` is in (0, 1].
+
+    >>> ctx = make_env("opt-13b", "a100-80gb", "fixed-512-64", SLO(ttft_s=0.4, tpot_s=0.06), dtype="fp8")
+    >>> ctx.model.name, ctx.kv_bytes_per_token
+    ('opt-13b', 409600)
+    """
+    if slo.ttft_s is None or slo.tpot_s is None:
+        raise ValueError("placement needs both a TTFT and a TPOT SLO")
+    if not 0 < attainment <= 1:
+        raise ValueError(f"attainment goal must be in (0, 1], got {attainment}")
+    if not 0 < memory_utilization <= 1:
+        raise ValueError(f"memory_utilization must be in (0, 1], got {memory_utilization}")
+    return SearchContext(resolve_model(model), gpu, workload, slo.ttft_s, slo.tpot_s, attainment,
+                         settings or SEARCH_PROFILES["ci"], cross_node_bytes_per_s, dtype=dtype,
+                         memory_utilization=memory_utilization, latency=latency)
 
 
-def prefill_goodput(env: _Env, cfg: ParallelConfig) -> PhaseGoodput:
+def prefill_goodput(env: SearchContext, cfg: ParallelConfig) -> PhaseGoodput:
     """``simu_prefill``: the TTFT-only goodput of one prefill instance."""
     rate = max_rate(lambda r: _attainment_prefill(env, cfg, r), env.goal, env.settings)
     return PhaseGoodput("prefill", cfg, None, cfg.num_gpus, rate, rate / cfg.num_gpus)
 
 
-def decode_goodput(env: _Env, cfg: ParallelConfig) -> PhaseGoodput:
+def decode_goodput(env: SearchContext, cfg: ParallelConfig) -> PhaseGoodput:
     """``simu_decode``: the TPOT-only goodput of one decode instance, KV transfer included."""
     rate = max_rate(lambda r: _attainment_decode(env, cfg, r), env.goal, env.settings)
     return PhaseGoodput("decode", None, cfg, cfg.num_gpus, rate, rate / cfg.num_gpus)
 
 
-def pair_goodput(env: _Env, pcfg: ParallelConfig, dcfg: ParallelConfig, n_p: int, n_d: int) -> PhaseGoodput:
+def pair_goodput(env: SearchContext, pcfg: ParallelConfig, dcfg: ParallelConfig, n_p: int, n_d: int) -> PhaseGoodput:
     """Alg. 2: ``n_p`` prefill + ``n_d`` decode instances on the same nodes, simulated together."""
     gpus = n_p * pcfg.num_gpus + n_d * dcfg.num_gpus
     rate = max_rate(lambda r: _attainment_pair(env, pcfg, dcfg, n_p, n_d, r), env.goal, env.settings)
@@ -310,25 +366,15 @@ def _map(tasks: list[tuple], workers: int | None) -> list[PhaseGoodput]:
 # the two algorithms
 
 
-def enumerate_configs(model: str, gpu: str, max_gpus: int, *, max_tp: int, dtype: str = "bf16",
+def enumerate_configs(model: str | ModelConfig, gpu: str, max_gpus: int, *, max_tp: int, dtype: str = "bf16",
                       memory_utilization: float = 0.9) -> list[ParallelConfig]:
     """(TP, PP) with TP ≤ ``max_tp`` dividing the heads, PP dividing the layers, TP·PP ≤ ``max_gpus``,
-    and room for the weights plus at least 2,048 tokens of KV (DistServe: G.size/(inter·intra) < C)."""
-    m = get_model(model)
-    g = get_gpu(gpu)
-    w = weight_bytes(m, dtype)
-    kvb = kv_bytes_per_token(m, dtype)
-    out = []
-    for tp in range(1, max_tp + 1):
-        if m.num_heads % tp:
-            continue
-        for pp in range(1, max_gpus // tp + 1):
-            if m.num_layers % pp:
-                continue
-            if tp * pp * g.memory_bytes * memory_utilization - w < 2048 * kvb:
-                continue
-            out.append(ParallelConfig(tp, pp))
-    return out
+    that :func:`fits` (weights plus at least 2,048 tokens of KV)."""
+    m = resolve_model(model)
+    return [ParallelConfig(tp, pp) for tp in range(1, max_tp + 1) if m.num_heads % tp == 0
+            for pp in range(1, max_gpus // tp + 1)
+            if m.num_layers % pp == 0 and fits(m, gpu, ParallelConfig(tp, pp), dtype=dtype,
+                                               memory_utilization=memory_utilization)]
 
 
 def _fill(g_p: float, gpus_p: int, g_d: float, gpus_d: int, total: int, rate: float | None) -> tuple[int, int, float]:
@@ -351,35 +397,28 @@ def _fill(g_p: float, gpus_p: int, g_d: float, gpus_d: int, total: int, rate: fl
     return best
 
 
-def _env(model: str, gpu: str, workload: Any, slo: SLO, goal: float, settings: SearchSettings,
-         cross_node: float | None, latency: Any) -> _Env:
-    if slo.ttft_s is None or slo.tpot_s is None:
-        raise ValueError("placement needs both a TTFT and a TPOT SLO")
-    if not 0 < goal <= 1:
-        raise ValueError(f"attainment goal must be in (0, 1], got {goal}")
-    return _Env(model, gpu, workload, slo.ttft_s, slo.tpot_s, goal, settings, cross_node, latency=latency)
-
-
-def _avg_prompt(env: _Env) -> float:
+def _avg_prompt(env: SearchContext) -> float:
     reqs = workload_requests(env.workload, 500, 1.0, env.settings.seed)
     return sum(r.prompt_tokens for r in reqs) / len(reqs)
 
 
-def place_high_affinity(model: str, gpu: str, nodes: int, gpus_per_node: int, workload: Any, slo: SLO, *,
-                        attainment: float = 0.9, rate_rps: float | None = None,
-                        cross_node_bytes_per_s: float | None = None, max_instance_gpus: int | None = None,
-                        settings: SearchSettings | None = None, workers: int | None = None,
-                        latency: Callable[[int, int], LatencyModel] | None = None) -> Placement:
-    """DistServe Algorithm 1. ``cross_node_bytes_per_s`` None = KV transfer is free (as DistServe's simulator)."""
+def _settings_record(env: SearchContext, **extra: Any) -> dict[str, Any]:
+    return {"attainment": env.goal, "dtype": env.dtype, "memory_utilization": env.memory_utilization, **extra,
+            **asdict(env.settings)}
+
+
+def place_high_affinity(env: SearchContext, nodes: int, gpus_per_node: int, *, rate_rps: float | None = None,
+                        max_instance_gpus: int | None = None, workers: int | None = None) -> Placement:
+    """DistServe Algorithm 1. ``env.cross_node_bytes_per_s`` None = KV transfer is free (as DistServe's simulator)."""
     import time
 
     t0 = time.perf_counter()
-    settings = settings or SEARCH_PROFILES["ci"]
-    env = _env(model, gpu, workload, slo, attainment, settings, cross_node_bytes_per_s, latency)
     total = nodes * gpus_per_node
-    configs = enumerate_configs(model, gpu, max_instance_gpus or gpus_per_node, max_tp=gpus_per_node)
+    max_gpus = max_instance_gpus or gpus_per_node
+    configs = enumerate_configs(env.model, env.gpu, max_gpus, max_tp=gpus_per_node, dtype=env.dtype,
+                                memory_utilization=env.memory_utilization)
     if not configs:
-        raise ValueError(f"{model} does not fit on up to {max_instance_gpus or gpus_per_node} {gpu} GPUs")
+        raise ValueError(f"{env.model.name} does not fit on up to {max_gpus} {env.gpu} GPUs")
     tasks = [("prefill", env, c) for c in configs] + [("decode", env, c) for c in configs]
     results = _map(tasks, workers)
     pre = [r for r in results if r.phase == "prefill"]
@@ -395,71 +434,85 @@ def place_high_affinity(model: str, gpu: str, nodes: int, gpus_per_node: int, wo
             if best is None or key > best[0]:
                 best = (key, p, d, n, m, r)
     if best is None:
-        raise ValueError(f"no prefill + decode configuration of {model} fits in {total} GPUs at the goal")
+        raise ValueError(f"no prefill + decode configuration of {env.model.name} fits in {total} GPUs at the goal")
     _, bp, bd, n, m, r = best
-    need = r * _avg_prompt(env) * kv_bytes_per_token(get_model(model))
-    limited = False
-    if cross_node_bytes_per_s is not None and need > cross_node_bytes_per_s * nodes:
-        limited = True
-        r = r * cross_node_bytes_per_s * nodes / need
-        need = cross_node_bytes_per_s * nodes
+    need = r * _avg_prompt(env) * env.kv_bytes_per_token
+    link = env.cross_node_bytes_per_s
+    limited = link is not None and need > link * nodes
+    if limited:
+        r = r * link * nodes / need
+        need = link * nodes
     gpus = n * bp.num_gpus + m * bd.num_gpus
-    return Placement("high", bp.prefill, bd.decode, n, m, bp.goodput_rps, bd.goodput_rps, gpus, r,
-                     r / gpus if gpus else 0.0, need, cross_node_bytes_per_s, limited, results,
-                     {"attainment": attainment, **asdict(settings)}, time.perf_counter() - t0)
+    return Placement(affinity="high", prefill=bp.prefill, decode=bd.decode, num_prefill=n, num_decode=m,
+                     prefill_goodput_rps=bp.goodput_rps, decode_goodput_rps=bd.goodput_rps, total_gpus=gpus,
+                     cluster_goodput_rps=r, per_gpu_goodput_rps=r / gpus if gpus else 0.0,
+                     kv_bandwidth_needed_bytes_per_s=need, cross_node_bytes_per_s=link, bandwidth_limited=limited,
+                     candidates=results, settings=_settings_record(env), search_wall_s=time.perf_counter() - t0)
 
 
-def place_low_affinity(model: str, gpu: str, nodes: int, gpus_per_node: int, workload: Any, slo: SLO, *,
-                       attainment: float = 0.9, rate_rps: float | None = None, max_instances_per_phase: int = 2,
-                       cross_node_bytes_per_s: float | None = None, settings: SearchSettings | None = None,
-                       workers: int | None = None,
-                       latency: Callable[[int, int], LatencyModel] | None = None) -> Placement:
-    """DistServe Algorithm 2: same pipeline depth for both phases, each stage's prefill and decode
-    segments inside one node (KV over NVLink); the unit is replicated ⌈R/goodput⌉ times."""
-    import time
-
-    t0 = time.perf_counter()
-    settings = settings or SEARCH_PROFILES["ci"]
-    env = _env(model, gpu, workload, slo, attainment, settings, cross_node_bytes_per_s, latency)
-    m = get_model(model)
-    g = get_gpu(gpu)
-    w = weight_bytes(m)
+def _pair_tasks(env: SearchContext, nodes: int, gpus_per_node: int, max_instances_per_phase: int) -> list[tuple]:
+    """Alg. 2's candidates: per pipeline depth, every (TP_p, TP_d, n_p, n_d) whose stage fits one node."""
+    m = env.model
     tasks = []
     for pp in range(1, nodes + 1):
         if m.num_layers % pp:
             continue
-        tps = [t for t in range(1, gpus_per_node + 1) if m.num_heads % t == 0
-               and t * pp * g.memory_bytes * 0.9 - w >= 2048 * kv_bytes_per_token(m)]
+        tps = [t for t in range(1, gpus_per_node + 1) if m.num_heads % t == 0 and env.fits(ParallelConfig(t, pp))]
         for tp_p in tps:
             for tp_d in tps:
                 for n_p in range(1, max_instances_per_phase + 1):
                     for n_d in range(1, max_instances_per_phase + 1):
                         if n_p * tp_p + n_d * tp_d <= gpus_per_node:
                             tasks.append(("pair", env, ParallelConfig(tp_p, pp), ParallelConfig(tp_d, pp), n_p, n_d))
+    return tasks
+
+
+def place_low_affinity(env: SearchContext, nodes: int, gpus_per_node: int, *, rate_rps: float | None = None,
+                       max_instances_per_phase: int = 2, workers: int | None = None) -> Placement:
+    """DistServe Algorithm 2: same pipeline depth for both phases, each stage's prefill and decode
+    segments inside one node (KV over NVLink); the unit is replicated ⌈R/goodput⌉ times."""
+    import time
+
+    t0 = time.perf_counter()
+    tasks = _pair_tasks(env, nodes, gpus_per_node, max_instances_per_phase)
     if not tasks:
-        raise ValueError(f"{model} does not fit a prefill + decode pair within {gpus_per_node} GPUs per stage")
+        raise ValueError(f"{env.model.name} does not fit a prefill + decode pair within {gpus_per_node} GPUs per stage")
     results = _map(tasks, workers)
     best = max(results, key=lambda r: (r.per_gpu_goodput_rps, -r.num_gpus))
     units_max = max(1, (nodes * gpus_per_node) // best.num_gpus)
     units = min(units_max, math.ceil(rate_rps / best.goodput_rps)) if rate_rps and best.goodput_rps > 0 else units_max
     r = units * best.goodput_rps if rate_rps is None else min(rate_rps, units * best.goodput_rps)
-    n_p, n_d = best.detail["num_prefill"] * units, best.detail["num_decode"] * units
     gpus = units * best.num_gpus
     share_p = best.detail["num_prefill"] * best.prefill.num_gpus / best.num_gpus
-    return Placement("low", best.prefill, best.decode, n_p, n_d, best.goodput_rps, best.goodput_rps, gpus, r,
-                     r / gpus if gpus else 0.0, 0.0, cross_node_bytes_per_s, False, results,
-                     {"attainment": attainment, "unit_prefill_gpu_share": share_p, **asdict(settings)},
-                     time.perf_counter() - t0)
+    return Placement(affinity="low", prefill=best.prefill, decode=best.decode,
+                     num_prefill=best.detail["num_prefill"] * units, num_decode=best.detail["num_decode"] * units,
+                     prefill_goodput_rps=best.goodput_rps, decode_goodput_rps=best.goodput_rps, total_gpus=gpus,
+                     cluster_goodput_rps=r, per_gpu_goodput_rps=r / gpus if gpus else 0.0,
+                     kv_bandwidth_needed_bytes_per_s=0.0, cross_node_bytes_per_s=env.cross_node_bytes_per_s,
+                     bandwidth_limited=False, candidates=results,
+                     settings=_settings_record(env, unit_prefill_gpu_share=share_p),
+                     search_wall_s=time.perf_counter() - t0)
 
 
-def place(model: str, gpu: str, nodes: int, gpus_per_node: int, workload: Any, slo: SLO, *,
+_CONTEXT_KEYS = ("attainment", "settings", "cross_node_bytes_per_s", "latency", "dtype", "memory_utilization")
+
+
+def place(model: str | ModelConfig, gpu: str, nodes: int, gpus_per_node: int, workload: Any, slo: SLO, *,
           affinity: str = "high", **kwargs: Any) -> Placement:
-    """Algorithm 1 (``affinity="high"``) or Algorithm 2 (``"low"``)."""
+    """Algorithm 1 (``affinity="high"``) or Algorithm 2 (``"low"``).
+
+    The model is resolved once, here. Keywords of :func:`make_env` (``attainment``, ``settings``,
+    ``cross_node_bytes_per_s``, ``latency``, ``dtype``, ``memory_utilization``) build the search
+    context; the rest (``rate_rps``, ``workers``, ``max_instance_gpus`` for Alg. 1,
+    ``max_instances_per_phase`` for Alg. 2) go to the algorithm.
+    """
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"nodes and gpus_per_node must be >= 1, got {nodes}, {gpus_per_node}")
+    if affinity not in ("high", "low"):
+        raise ValueError(f"affinity must be high or low, got {affinity!r}")
+    env = make_env(model, gpu, workload, slo, **{k: kwargs.pop(k) for k in _CONTEXT_KEYS if k in kwargs})
     if affinity == "high":
-        return place_high_affinity(model, gpu, nodes, gpus_per_node, workload, slo, **kwargs)
-    if affinity == "low":
-        kwargs.pop("max_instance_gpus", None)
-        return place_low_affinity(model, gpu, nodes, gpus_per_node, workload, slo, **kwargs)
-    raise ValueError(f"affinity must be high or low, got {affinity!r}")
+        kwargs.pop("max_instances_per_phase", None)
+        return place_high_affinity(env, nodes, gpus_per_node, **kwargs)
+    kwargs.pop("max_instance_gpus", None)
+    return place_low_affinity(env, nodes, gpus_per_node, **kwargs)
