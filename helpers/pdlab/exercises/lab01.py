@@ -8,8 +8,7 @@ from pdlab.exercises import CheckResult, check_close
 from pdlab.metrics import RequestRecord
 from pdlab.serve.evidence import KVTransferEvidence
 
-__all__ = ["check_tpot_from_record", "check_transferred_fraction", "check_mean_tpot_ms",
-           "check_transferred_tokens_per_request"]
+__all__ = ["check_tpot_from_record", "check_transferred_fraction", "check_mean_tpot_ms"]
 
 
 def check_tpot_from_record(value, record: RequestRecord) -> CheckResult:
@@ -35,11 +34,3 @@ def check_mean_tpot_ms(value, records: Sequence[RequestRecord]) -> CheckResult:
     return check_close("Exercise 1", value, expected, rel_tol=1e-4, unit="ms",
                        hint="Per completed request (finish − first token) / (output tokens − 1), then the mean, "
                             "in ms; leave out failed requests and single-token outputs.")
-
-
-def check_transferred_tokens_per_request(value, evidence: KVTransferEvidence) -> CheckResult:
-    """Exercise 2 (not guessable, unlike a fraction that is often exactly 1): prompt tokens whose KV
-    the decode server loaded from the prefill side, per request, from its counters."""
-    expected = evidence.external_kv_tokens / evidence.requests if evidence.requests else 0.0
-    return check_close("Exercise 2", value, expected, rel_tol=1e-6, unit="tokens per request",
-                       hint="Use the decode server's counters: external_kv_tokens ÷ requests.")

@@ -5,7 +5,13 @@ from __future__ import annotations
 from pdlab.exercises import CheckResult, check_close, check_true
 from pdlab.hardware import detect_device, get_gpu
 
-__all__ = ["check_device_kind", "check_ridge_h100"]
+__all__ = ["check_device_kind", "check_ridge_h100", "ONE_CALL_OK"]
+
+# Exercises whose answer may be one call to a helper on the page (tests/test_exercise_effort.py).
+ONE_CALL_OK = {
+    "Exercise 1": "orientation, not reasoning: the student runs a first cell and reads which device every later "
+                  "notebook adapts to (pdlab.hardware.detect_device, the call the notebooks themselves make)",
+}
 
 
 def check_device_kind(value) -> CheckResult:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from pdlab.exercises import CheckResult, check_close
-from pdlab.metrics import SLO, RequestRecord, goodput_rps, slo_attainment
+from pdlab.metrics import RequestRecord
 
-__all__ = ["check_tpot", "check_attainment", "check_goodput"]
+__all__ = ["check_tpot", "check_tightest_ttft_slo", "check_interpolated_goodput", "tightest_ttft_slo_s",
+           "interpolated_goodput_rps"]
 
 
 def check_tpot(value, record: RequestRecord) -> CheckResult:
@@ -16,15 +18,49 @@ def check_tpot(value, record: RequestRecord) -> CheckResult:
                        hint="TPOT = (E2E − TTFT) / (output tokens − 1): the first token is excluded.")
 
 
-def check_attainment(value, records: Sequence[RequestRecord], slo_ttft_s: float, slo_tpot_s: float) -> CheckResult:
-    """Exercise 2: SLO attainment of a record set (both SLOs, failed requests count as misses)."""
-    expected = slo_attainment(records, SLO(ttft_s=slo_ttft_s, tpot_s=slo_tpot_s))
-    return check_close("Exercise 2", value, expected, rel_tol=1e-6,
-                       hint="A request counts only if TTFT ≤ SLO and TPOT ≤ SLO; divide by all requests.")
+def tightest_ttft_slo_s(records: Sequence[RequestRecord], slo_tpot_s: float, goal: float = 0.9) -> float:
+    """The smallest TTFT SLO (s) at which ``goal`` of *all* records meet both it and ``slo_tpot_s``
+    (failed requests always miss; a one-token request has no TPOT and passes that part); ``inf``
+    when the TPOT SLO alone already keeps attainment below the goal."""
+    if not 0 < goal <= 1:
+        raise ValueError(f"goal must be in (0, 1], got {goal}")
+    if not records:
+        raise ValueError("no records")
+    ttfts = sorted(r.ttft_s for r in records if r.ok and (r.tpot_s or 0.0) <= slo_tpot_s)
+    needed = math.ceil(goal * len(records) - 1e-9)  # requests that must meet both SLOs
+    return ttfts[needed - 1] if needed <= len(ttfts) else math.inf
 
 
-def check_goodput(value, records: Sequence[RequestRecord], slo_ttft_s: float, slo_tpot_s: float) -> CheckResult:
-    """Exercise 3: goodput (req/s) of a record set, vLLM's definition."""
-    expected = goodput_rps(records, SLO(ttft_s=slo_ttft_s, tpot_s=slo_tpot_s))
-    return check_close("Exercise 3", value, expected, rel_tol=1e-6, unit="req/s",
-                       hint="Requests meeting every SLO divided by first arrival → last finish.")
+def check_tightest_ttft_slo(value, records: Sequence[RequestRecord], slo_tpot_s: float,
+                            goal: float = 0.9) -> CheckResult:
+    """Exercise 2: the tightest TTFT SLO (s) that ``goal`` of the run's requests meet together with the
+    TPOT SLO (DistServe's "SLO scale" read the other way; see :func:`tightest_ttft_slo_s`)."""
+    expected = tightest_ttft_slo_s(records, slo_tpot_s, goal)
+    return check_close("Exercise 2", value, expected, rel_tol=1e-6, unit="s",
+                       hint="Keep the completed requests that meet the TPOT SLO, sort their TTFTs, and take the one "
+                            "that brings the count to goal × ALL requests (failed ones included in the total).")
+
+
+def interpolated_goodput_rps(rates: Sequence[float], attainments: Sequence[float], goal: float = 0.9) -> float:
+    """The request rate (req/s) at which attainment first falls below ``goal``, interpolated linearly
+    between the swept rate at or above the goal and the next one below it (rates sorted ascending);
+    the highest rate when every rate reaches the goal, 0 when no such crossing exists."""
+    if len(rates) != len(attainments) or not rates:
+        raise ValueError("rates and attainments must be non-empty and of equal length")
+    pairs = sorted(zip(rates, attainments, strict=True))
+    if min(a for _, a in pairs) >= goal:
+        return pairs[-1][0]
+    for (r0, a0), (r1, a1) in zip(pairs, pairs[1:], strict=False):
+        if a0 >= goal > a1:
+            return r0 + (a0 - goal) / (a0 - a1) * (r1 - r0)
+    return 0.0
+
+
+def check_interpolated_goodput(value, rates: Sequence[float], attainments: Sequence[float],
+                               goal: float = 0.9) -> CheckResult:
+    """Exercise 3: DistServe's goodput of one instance (the rate at the attainment goal), read between
+    the swept rates instead of rounded down to one of them (see :func:`interpolated_goodput_rps`)."""
+    expected = interpolated_goodput_rps(list(rates), list(attainments), goal)
+    return check_close("Exercise 3", value, expected, rel_tol=1e-3, unit="req/s",
+                       hint="Find the last swept rate whose attainment is ≥ the goal and the next one below it; "
+                            "interpolate linearly between the two for the rate where attainment equals the goal.")
