@@ -155,6 +155,29 @@ class ManagedProcess:
         """SIGKILL the whole group now (fault injection); the registry entry stays until :meth:`stop`."""
         self._signal_group(signal.SIGKILL)
 
+    def pause(self) -> None:
+        """SIGSTOP the whole group (fault injection: a frozen server); :meth:`resume` continues it."""
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the whole group."""
+        self._signal_group(signal.SIGCONT)
+
+    def group_members(self) -> list[int]:
+        """PIDs of live (not zombie) processes still in this process's group, from ``/proc``."""
+        out = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == self.pid:
+                out.append(int(entry))
+        return sorted(out)
+
     def __enter__(self) -> ManagedProcess:
         return self
 

@@ -166,6 +166,16 @@ class Deployment:
         targets = self.decode or self.servers
         return MetricsSnapshot(tuple(sample for s in targets for sample in scrape_metrics(s.url).samples))
 
+    def restart_proxy(self, extra_args: Sequence[str] = ()) -> ManagedProcess:
+        """Stop the proxy (a killed one too) and start it again on its port, with ``extra_args``."""
+        if self.proxy_port is None:
+            raise ValueError("this deployment has no proxy")
+        if self.proxy is not None:
+            self.proxy.stop()
+        self.proxy = start_proxy([s.url for s in self.prefill], [s.url for s in self.decode], port=self.proxy_port,
+                                 read_timeout_s=self.proxy_read_timeout_s, extra_args=extra_args)
+        return self.proxy
+
     def metrics_by_role(self) -> dict[str, MetricsSnapshot]:
         """One ``/metrics`` snapshot per role (``colocated``, ``prefill``, ``decode``), summed over its servers."""
         out: dict[str, list] = {}

@@ -64,13 +64,21 @@ CPU_NIXL_PROGRESS_DELAY_US = 1000
 
 def kv_transfer_config(connector: str, role: str, *, buffer_device: str = "cpu",
                        storage_path: str | Path | None = None,
-                       nixl_progress_delay_us: int | None = None) -> dict[str, Any] | None:
+                       nixl_progress_delay_us: int | None = None, load_failure_policy: str | None = None,
+                       kv_lease_s: int | None = None) -> dict[str, Any] | None:
     """The ``--kv-transfer-config`` dict for ``role`` (None for a colocated server).
 
     ``nixl_progress_delay_us`` (NIXL only): None keeps vLLM's own NixlConnector (its progress
     thread never sleeps); a number loads :mod:`pdlab.serve.nixl_connector`, whose agents sleep
-    that many µs between progress polls.
+    that many µs between progress polls. ``load_failure_policy``: what a decode server does when a
+    KV load fails, ``"fail"`` (vLLM's default since PR #34896: the request errors) or
+    ``"recompute"`` (it prefills the prompt itself). ``kv_lease_s`` (NIXL): seconds a prefill
+    server keeps a request's KV blocks for the decode side to pull (vLLM's default 30).
     """
+    if load_failure_policy not in (None, "fail", "recompute"):
+        raise ValueError(f"kv_load_failure_policy must be fail or recompute, got {load_failure_policy!r}")
+    if kv_lease_s is not None and kv_lease_s < 1:
+        raise ValueError(f"kv_lease_s must be at least 1 second, got {kv_lease_s}")
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
     if role == "colocated":
@@ -87,10 +95,14 @@ def kv_transfer_config(connector: str, role: str, *, buffer_device: str = "cpu",
                 raise ValueError(f"nixl_progress_delay_us must be >= 0, got {nixl_progress_delay_us}")
             cfg["kv_connector_module_path"] = "pdlab.serve.nixl_connector"
             cfg["kv_connector_extra_config"] = {"progress_thread_delay_us": int(nixl_progress_delay_us)}
+        if kv_lease_s is not None:
+            cfg.setdefault("kv_connector_extra_config", {})["kv_lease_duration"] = int(kv_lease_s)
     else:
         if storage_path is None:
             raise ValueError("the example connector needs a shared storage_path")
         cfg["kv_connector_extra_config"] = {"shared_storage_path": str(storage_path)}
+    if load_failure_policy is not None:
+        cfg["kv_load_failure_policy"] = load_failure_policy
     return cfg
 
 
@@ -111,6 +123,8 @@ class VLLMServerSpec:
     # connector (no sleep) on a GPU; -1 = vLLM's stock connector everywhere (shows the spinner).
     nixl_progress_delay_us: int | None = None
     storage_path: str | None = None  # example connector: shared folder
+    kv_load_failure_policy: str | None = None  # "fail" | "recompute" (None: vLLM's default, fail)
+    kv_lease_s: int | None = None  # NIXL: seconds prefill keeps KV for decode (None: vLLM's 30)
     max_model_len: int = 4096
     dtype: str | None = None  # default: vLLM's on a GPU; on a CPU pdlab.hardware.cpu_serving_dtype()
     max_num_seqs: int | None = None
@@ -174,7 +188,8 @@ class VLLMServerSpec:
         kv = kv_transfer_config(self.connector, self.role,
                                 buffer_device=self.kv_buffer_device or ("cuda" if device == "cuda" else "cpu"),
                                 storage_path=self.storage_path or (build_dir() / "kv-store" if self.connector == "example" else None),
-                                nixl_progress_delay_us=self.resolved_nixl_delay_us())
+                                nixl_progress_delay_us=self.resolved_nixl_delay_us(),
+                                load_failure_policy=self.kv_load_failure_policy, kv_lease_s=self.kv_lease_s)
         if kv is not None:
             args += ["--kv-transfer-config", json.dumps(kv)]
         return args + list(self.extra_args)
@@ -264,6 +279,22 @@ class VLLMServer:
         """SIGKILL the server's process group (fault injection)."""
         if self.process is not None:
             self.process.kill()
+
+    def freeze(self) -> None:
+        """SIGSTOP every process of the server (fault injection); :meth:`thaw` resumes it."""
+        if self.process is not None:
+            self.process.pause()
+
+    def thaw(self) -> None:
+        if self.process is not None:
+            self.process.resume()
+
+    def restart(self, timeout_s: float = 240.0) -> float:
+        """Stop what is left of the server (a killed one included), start it again, wait until ready."""
+        self.stop()
+        self.process = None
+        self.start()
+        return self.wait_ready(timeout_s)
 
     def log_tail(self, lines: int = 30) -> str:
         return self.process.log_tail(lines) if self.process else ""
