@@ -242,6 +242,35 @@ def test_no_expired_or_invalid_kv_lease_in_the_logs(deployment):
         assert not lines, f"{server.spec.role} log {server.log_path}:\n" + "\n".join(lines[:5])
 
 
+def test_vllm_router_pd_front_door_greedy_text_nixl_idle_cpu_and_stop(deployment):
+    """vllm-router --vllm-pd-disaggregation in front of the shared 1P1D servers: same greedy text as the
+    prefill instance serving alone, KV pulled through NIXL, idle at <= 5% of a core, nothing left after stop."""
+    from pdlab.serve.vllm_router import start_vllm_router
+
+    body = {"model": deployment.served_model(), "prompt": "the value of the function is " * 20,
+            "max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    status, alone = _post(deployment.prefill[0].url + "/v1/completions", body)
+    assert status == 200
+    before_pids = _descendants(os.getpid())
+    router = start_vllm_router(deployment.prefill[0].url, deployment.decode[0].url, port=free_port())
+    try:
+        idle = router.idle_cpu(3.0)
+        print(f"vllm-router idle: {idle:.1%} of a core (pid {router.pid}, ready in {router.startup_s:.2f} s)")
+        assert idle <= 0.05
+        before = deployment.decode_metrics()
+        status, via_router = _post(router.url + "/v1/completions", body)
+        assert status == 200, via_router
+        assert via_router["choices"][0]["text"] == alone["choices"][0]["text"]
+        ev = kv_transfer_evidence(before, deployment.decode_metrics())
+        print(ev.summary())
+        assert ev.external_kv_tokens > 0 and ev.nixl_transfers >= 1 and not ev.recomputed
+    finally:
+        router.stop()
+    time.sleep(0.3)
+    assert not router.alive()
+    assert not (_descendants(os.getpid()) - before_pids)
+
+
 def test_killing_decode_mid_benchmark_fails_requests_in_bounded_time(deployment):
     """Runs last in this module: it kills the decode server."""
     reqs = build_workload("fixed-64-200", rate_rps=4.0, n=12, seed=5)

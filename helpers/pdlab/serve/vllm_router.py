@@ -1,0 +1,133 @@
+"""vLLM's own PD front door, ``vllm-router --vllm-pd-disaggregation``, as a managed process.
+
+The binary is a Rust wheel installed in the course's peers environment (``scripts/install_peers.sh``
+→ ``.venv-peers/bin/vllm-router``; ``$PDLAB_PEERS_VENV`` overrides the place). It is started by the
+code that needs it, waits for ``/health``, and is stopped on every path (it is a
+:class:`~pdlab.process.ManagedProcess`; use it as a context manager)::
+
+    with start_vllm_router(dep.prefill[0].url, dep.decode[0].url, port=free_port()) as router:
+        ...  # send OpenAI requests to router.url
+
+With ``--kv-connector nixl`` the router sends each request to the prefill server first with
+``kv_transfer_params: {"do_remote_decode": true, ...}`` and ``max_tokens: 1``, then passes the
+``kv_transfer_params`` that prefill returned on to the decode server (the same protocol as
+:mod:`pdlab.serve.proxy`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pdlab.paths import build_dir, repo_root
+from pdlab.process import ManagedProcess, ServerStartError, check_port_free, spawn, wait_http_ok
+
+__all__ = ["RouterMissingError", "find_vllm_router", "start_vllm_router", "VLLMRouter", "idle_cpu_fraction"]
+
+
+class RouterMissingError(FileNotFoundError):
+    """The ``vllm-router`` binary is not installed where the course looks for it."""
+
+
+def find_vllm_router() -> Path:
+    """Path of the ``vllm-router`` binary: ``$PDLAB_PEERS_VENV/bin``, ``<repo>/.venv-peers/bin``, then ``PATH``."""
+    venv = Path(os.environ.get("PDLAB_PEERS_VENV") or repo_root() / ".venv-peers")
+    candidate = venv / "bin" / "vllm-router"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return candidate
+    found = shutil.which("vllm-router")
+    if found:
+        return Path(found)
+    raise RouterMissingError(f"vllm-router is not installed: looked for {candidate} and on PATH. "
+                             f"Run scripts/install_peers.sh (it builds .venv-peers with vllm-router).")
+
+
+class VLLMRouter:
+    """A running ``vllm-router`` in vLLM PD mode; ``url`` is the front door."""
+
+    def __init__(self, proc: ManagedProcess, port: int, prefill: list[str], decode: list[str]):
+        self.proc = proc
+        self.port = port
+        self.prefill = prefill
+        self.decode = decode
+        self.startup_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.alive()
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+    def idle_cpu(self, seconds: float = 3.0) -> float:
+        """Fraction of one core the router used over ``seconds`` of idling (all its threads)."""
+        return idle_cpu_fraction(self.pid, seconds)
+
+    def __enter__(self) -> VLLMRouter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"VLLMRouter({self.url}, prefill={self.prefill}, decode={self.decode}, alive={self.alive()})"
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15 of proc(5))
+
+
+def idle_cpu_fraction(pid: int, seconds: float = 3.0) -> float:
+    """CPU time of ``pid`` (user + system, all threads) over ``seconds`` of wall time, as a fraction of a core."""
+    hz = os.sysconf("SC_CLK_TCK")
+    t0, c0 = time.monotonic(), _cpu_ticks(pid)
+    time.sleep(seconds)
+    t1, c1 = time.monotonic(), _cpu_ticks(pid)
+    return (c1 - c0) / hz / (t1 - t0)
+
+
+def start_vllm_router(prefill: str | Sequence[str], decode: str | Sequence[str], *, port: int,
+                      kv_connector: str = "nixl", policy: str = "round_robin", timeout_s: float = 30.0,
+                      request_timeout_s: int = 120, log_dir: str | Path | None = None,
+                      extra_args: Sequence[str] = ()) -> VLLMRouter:
+    """Start ``vllm-router --vllm-pd-disaggregation`` on 127.0.0.1:``port``; wait until ``/health`` answers.
+
+    Raises :class:`RouterMissingError` if the binary is absent, :class:`~pdlab.process.PortInUseError`
+    if ``port`` is taken, :class:`~pdlab.process.ServerStartError` (with its log's tail) if it exits or
+    does not answer within ``timeout_s``; the process is stopped on every failure.
+    """
+    binary = find_vllm_router()
+    check_port_free(port, what="vllm-router")
+    prefill_urls = [prefill] if isinstance(prefill, str) else list(prefill)
+    decode_urls = [decode] if isinstance(decode, str) else list(decode)
+    argv = [str(binary), "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation",
+            "--kv-connector", kv_connector, "--policy", policy,
+            "--request-timeout-secs", str(request_timeout_s), "--log-level", "warning"]
+    for url in prefill_urls:
+        argv += ["--prefill", url]
+    for url in decode_urls:
+        argv += ["--decode", url]
+    argv += list(extra_args)
+    log = Path(log_dir or build_dir() / "serve") / f"vllm-router-{port}.log"
+    proc = spawn(f"vllm-router-{port}", argv, log)
+    router = VLLMRouter(proc, port, prefill_urls, decode_urls)
+    try:
+        router.startup_s = wait_http_ok(proc, f"{router.url}/health", timeout_s, poll_s=0.2)
+    except BaseException:
+        proc.stop()
+        raise
+    if not proc.alive():
+        raise ServerStartError(f"vllm-router exited right after start; log {log}:\n{proc.log_tail()}")
+    return router
