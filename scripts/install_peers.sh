@@ -12,8 +12,10 @@
 #   host: it fails to install here. The replay path does not import it, so ai-dynamo goes in with
 #   --no-deps, plus only what `import dynamo.replay` and the replay need: ai-dynamo-runtime (the
 #   Rust core, also --no-deps), pydantic and uvloop (ai-dynamo-runtime's own requirements) and
-#   typing_extensions. transformers, kubernetes, redis, zmq, … serve Dynamo's frontend, planner
-#   and workers, which this environment does not provide.
+#   typing_extensions; packaging, PyYAML and msgspec, which `python -m dynamo.frontend` and
+#   `python -m dynamo.mocker` import at start (measured 2026-12-01: with these both run --help).
+#   transformers, kubernetes, redis, zmq, … serve Dynamo's planner and real engine workers, which
+#   this environment does not provide.
 # - vllm-router 0.1.17 is a Rust wheel whose requirements (fastapi, uvicorn, aiohttp, orjson,
 #   requests, setproctitle) resolve without conflict, so it installs normally.
 # Idempotent: a stamp holding the pins skips the work when nothing changed. About 10-20 s here.
@@ -22,7 +24,7 @@ set -euo pipefail
 python_bin=${1:-python3}
 venv=${2:-.venv-peers}
 
-pins="ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 pydantic>=2.10.6,<=2.13.5 uvloop>=0.21.0 typing_extensions>=4.10 vllm-router==0.1.17"
+pins="ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 pydantic>=2.10.6,<=2.13.5 uvloop>=0.21.0 typing_extensions>=4.10 packaging pyyaml msgspec vllm-router==0.1.17"
 stamp="$venv/.installed"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$pins" ] && [ -x "$venv/bin/python" ]; then
     exit 0
@@ -32,10 +34,10 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip=("$venv/bin/python" -m pip --quiet)
 "${pip[@]}" install --no-deps "ai-dynamo==1.6.1" "ai-dynamo-runtime==1.6.1" 2>&1 | grep -v "^WARNING: Location" || true
-"${pip[@]}" install "pydantic>=2.10.6,<=2.13.5" "uvloop>=0.21.0" "typing_extensions>=4.10" "vllm-router==0.1.17" \
+"${pip[@]}" install "pydantic>=2.10.6,<=2.13.5" "uvloop>=0.21.0" "typing_extensions>=4.10" "packaging" "pyyaml" "msgspec" "vllm-router==0.1.17" \
     2>&1 | grep -v -e "^WARNING: Location" -e "^ERROR: pip's dependency resolver" -e "ai-dynamo 1.6.1 requires" || true
 # Fail loudly when the replay path or the router is not importable (pip's output was filtered).
-"$venv/bin/python" -c "import dynamo.replay, vllm_router" \
+"$venv/bin/python" -c "import dynamo.replay, vllm_router, packaging.version, yaml, msgspec" \
     || { echo "install_peers: dynamo.replay or vllm_router does not import in $venv" >&2; exit 1; }
 echo "$pins" > "$stamp"
 echo "installed Dynamo's replay and vllm-router into $venv"
