@@ -28,7 +28,7 @@ def test_an_idle_server_admits_what_meets_the_slo_alone():
 
 def test_the_queue_grows_with_admitted_prompts_and_shrinks_when_legs_return():
     clock = Clock()
-    policy = TTFTAdmission(MODEL, ttft_slo_s=0.5, clock=clock)
+    policy = TTFTAdmission(MODEL, ttft_slo_s=0.5, clock=clock, learn=0.0)  # the model as fitted
     for key in "abc":
         assert policy.decide(140).admit
         policy.start(key, 140)  # 0.15 s each
@@ -39,6 +39,24 @@ def test_the_queue_grows_with_admitted_prompts_and_shrinks_when_legs_return():
     assert policy.decide(140).wait_s == pytest.approx(0.30)
     policy.done("zzz")  # unknown keys are ignored
     assert policy.state()["in_flight"] == 2 and policy.admitted == 3
+
+
+def test_slow_legs_teach_a_slowdown_that_lengthens_the_predicted_queue():
+    clock = Clock()
+    policy = TTFTAdmission(MODEL, ttft_slo_s=2.0, clock=clock, learn=0.5)
+    policy.start("a", 140)  # predicted 0.15 s
+    clock.t += 0.45         # came back 3x slower than predicted
+    policy.done("a")
+    assert policy.slowdown == pytest.approx(0.5 * 1.0 + 0.5 * 3.0)
+    assert policy.state()["slowdown"] == pytest.approx(2.0)
+    assert policy.prefill_s(140) == pytest.approx(0.30)
+    assert policy.decide(140).predicted_ttft_s == pytest.approx(0.30)
+    policy.start("b", 140)
+    clock.t += 100.0        # a hung leg: the ratio is clamped, the slowdown stays finite
+    policy.done("b")
+    assert policy.slowdown == pytest.approx(0.5 * 2.0 + 0.5 * 20.0)
+    with pytest.raises(ValueError, match="learn"):
+        TTFTAdmission(MODEL, ttft_slo_s=1.0, learn=1.5)
 
 
 def test_retry_after_counts_whole_seconds_to_the_slo():

@@ -69,7 +69,10 @@ def test_spawn_pins_the_child_and_its_children(tmp_path):
     code = ("import os, subprocess, sys\nprint(sorted(os.sched_getaffinity(0)), flush=True)\n"
             "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])\n")
     proc = spawn("pin-test", [sys.executable, "-c", code], tmp_path / "pin.log", cpus=core)
-    proc.popen.wait(timeout=30)
+    try:
+        proc.popen.wait(timeout=30)
+    finally:
+        proc.stop()  # leaves the registry: later tests assert nothing of theirs is left
     lines = (tmp_path / "pin.log").read_text().splitlines()[-2:]  # after the logged command line
     assert lines == [f"[{core}]", f"[{core}]"], lines
     with pytest.raises(ValueError, match="not all available"):

@@ -9,7 +9,12 @@ policy. This is the live version, for the P/D proxy (``pdlab.serve.proxy --admis
   ``a_p + b_p·l + c_p·l²``, the same model lab 05 calibrates) to the time the prefill side is
   busy until. When a prefill leg comes back, the queue is reset to what is still in flight, so
   the prediction follows the real server rather than drifting.
-- Predicted TTFT = wait for the queue + ``t_p(l)`` + ``handoff_s`` (KV hand-off and first decode
+- The model is fitted on an idle server; under load the same prefill runs slower (batching with
+  other prompts, and on a small machine the cores it shares with the decode side and the proxy).
+  So the policy learns a **slowdown**: when a leg comes back, the ratio of its measured time to
+  the time the queue predicted for it at admission, averaged (EWMA, weight ``learn``); every
+  prefill time is multiplied by it. ``learn=0`` turns this off (the unloaded model as fitted).
+- Predicted TTFT = wait for the queue + slowdown·``t_p(l)`` + ``handoff_s`` (KV hand-off and first decode
   step). Above the TTFT SLO the request is refused with HTTP 503 and ``Retry-After`` (whole
   seconds until the queue would admit it).
 
@@ -78,8 +83,11 @@ class TTFTAdmission:
     ttft_slo_s: float
     handoff_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
+    learn: float = 0.2
     busy_until_s: float = field(default=float("-inf"), init=False)
     in_flight: dict[str, int] = field(default_factory=dict, init=False)
+    slowdown: float = field(default=1.0, init=False)
+    _legs: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
     admitted: int = field(default=0, init=False)
     rejected: int = field(default=0, init=False)
 
@@ -88,12 +96,18 @@ class TTFTAdmission:
             raise ValueError(f"TTFT SLO must be a positive number of seconds, got {self.ttft_slo_s!r}")
         if self.handoff_s < 0:
             raise ValueError(f"hand-off time must be ≥ 0 s, got {self.handoff_s!r}")
+        if not 0 <= self.learn <= 1:
+            raise ValueError(f"learn must be in [0, 1], got {self.learn!r}")
+
+    def prefill_s(self, prompt_tokens: int) -> float:
+        """Predicted prefill time of one prompt now: the fitted model × the learned slowdown (s)."""
+        return self.slowdown * self.model.time_s(prompt_tokens)
 
     def decide(self, prompt_tokens: int) -> AdmissionDecision:
         """Predict the TTFT of a prompt arriving now; count the verdict (call :meth:`start` to admit)."""
         now = self.clock()
         wait = max(self.busy_until_s - now, 0.0)
-        predicted = wait + self.model.time_s(prompt_tokens) + self.handoff_s
+        predicted = wait + self.prefill_s(prompt_tokens) + self.handoff_s
         if predicted <= self.ttft_slo_s:
             return AdmissionDecision(True, predicted, wait)
         self.rejected += 1
@@ -102,36 +116,46 @@ class TTFTAdmission:
     def start(self, key: str, prompt_tokens: int) -> None:
         """An admitted request's prefill leg is sent: it joins the virtual queue."""
         now = self.clock()
-        self.busy_until_s = max(self.busy_until_s, now) + self.model.time_s(prompt_tokens)
+        self.busy_until_s = max(self.busy_until_s, now) + self.prefill_s(prompt_tokens)
         self.in_flight[key] = prompt_tokens
+        self._legs[key] = (now, self.busy_until_s - now)
         self.admitted += 1
 
     def done(self, key: str) -> None:
         """The prefill leg came back (or failed): the queue is what is still in flight."""
         if self.in_flight.pop(key, None) is None:
             return
-        self.busy_until_s = self.clock() + sum(self.model.time_s(t) for t in self.in_flight.values())
+        now = self.clock()
+        sent, predicted = self._legs.pop(key)
+        if self.learn > 0 and predicted > 0:
+            ratio = min(max((now - sent) / predicted, 0.25), 20.0)
+            self.slowdown = (1 - self.learn) * self.slowdown + self.learn * ratio
+        self.busy_until_s = now + sum(self.prefill_s(t) for t in self.in_flight.values())
 
     def state(self) -> dict[str, float | int]:
         """Counters and the current predicted wait, for ``/proxy/admission``."""
         return {"admitted": self.admitted, "rejected": self.rejected, "in_flight": len(self.in_flight),
                 "wait_s": max(self.busy_until_s - self.clock(), 0.0), "ttft_slo_s": self.ttft_slo_s,
-                "handoff_s": self.handoff_s}
+                "handoff_s": self.handoff_s, "slowdown": self.slowdown}
 
 
 def replay_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], model: PrefillModel,
-                     ttft_slo_s: float, handoff_s: float = 0.0) -> list[bool]:
+                     ttft_slo_s: float, handoff_s: float = 0.0, slowdown: float = 1.0) -> list[bool]:
     """The same policy on a list of arrivals, with the queue the model predicts (no live feedback).
 
-    Each prefill leg is taken to end at its predicted time, when :meth:`TTFTAdmission.done` runs.
+    Each prefill leg is taken to end at its predicted time, when :meth:`TTFTAdmission.done` runs;
+    every prefill time is the model's × ``slowdown`` (fixed: e.g. the one a live proxy learned).
     Returns one admit flag per request, in order.
     """
+    if not (slowdown > 0 and math.isfinite(slowdown)):
+        raise ValueError(f"slowdown must be a positive number, got {slowdown!r}")
     if len(arrivals_s) != len(prompt_tokens):
         raise ValueError("one prompt length per arrival")
     if any(b < a for a, b in zip(arrivals_s, arrivals_s[1:], strict=False)):
         raise ValueError("arrivals must be in time order")
     now = [0.0]
-    policy = TTFTAdmission(model, ttft_slo_s, handoff_s, clock=lambda: now[0])
+    policy = TTFTAdmission(model, ttft_slo_s, handoff_s, clock=lambda: now[0], learn=0.0)
+    policy.slowdown = slowdown
     pending: list[tuple[float, str]] = []  # (predicted end of the prefill leg, key)
     flags = []
     for i, (t, tokens) in enumerate(zip(arrivals_s, prompt_tokens, strict=True)):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["CPUMeter", "ProcessCPU", "ThreadCPU", "tree_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu",
+__all__ = ["CPUMeter", "ProcessCPU", "ThreadCPU", "tree_processes", "tree_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu",
            "nixl_agent_idle_cpu"]
 
 
@@ -45,7 +45,8 @@ class ThreadCPU:
     cores: float
 
 
-def _tree(pid: int) -> list[psutil.Process]:
+def tree_processes(pid: int) -> list[psutil.Process]:
+    """``pid`` and its live descendants (empty when ``pid`` is gone)."""
     try:
         root = psutil.Process(pid)
         return [root, *root.children(recursive=True)]
@@ -56,7 +57,7 @@ def _tree(pid: int) -> list[psutil.Process]:
 def tree_cpu_seconds(pid: int) -> dict[int, float]:
     """CPU seconds (user + system) so far of ``pid`` and each live descendant, by PID."""
     out: dict[int, float] = {}
-    for proc in _tree(pid):
+    for proc in tree_processes(pid):
         try:
             t = proc.cpu_times()
             out[proc.pid] = t.user + t.system
@@ -121,7 +122,7 @@ def _name(pid: int) -> str:
 
 def _thread_times(pid: int) -> dict[int, tuple[str, float]]:
     out: dict[int, tuple[str, float]] = {}
-    for proc in _tree(pid):
+    for proc in tree_processes(pid):
         try:
             threads = proc.threads()
         except psutil.NoSuchProcess:

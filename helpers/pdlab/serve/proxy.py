@@ -75,6 +75,7 @@ class ProxyConfig:
     ttft_slo_s: float | None = None
     handoff_s: float = 0.0
     tokenizer: str | None = None
+    admission_learn: float = 0.2  # EWMA weight of the measured/predicted prefill-leg ratio (0: off)
 
     def __post_init__(self) -> None:
         if not self.prefill_urls or not self.decode_urls:
@@ -120,7 +121,7 @@ class ProxyState:
         cfg = self.config
         if cfg.admission_profile is not None:
             self.admission = TTFTAdmission(PrefillModel.from_profile(cfg.admission_profile), cfg.ttft_slo_s,
-                                           cfg.handoff_s)
+                                           cfg.handoff_s, learn=cfg.admission_learn)
             if cfg.tokenizer is not None:
                 from transformers import AutoTokenizer
 
@@ -416,12 +417,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--ttft-slo", type=float, help="seconds; with --admission-profile")
     parser.add_argument("--handoff", type=float, default=0.0, help="seconds added to every predicted TTFT")
     parser.add_argument("--tokenizer", help="tokenizer folder that counts text prompts; with --admission-profile")
+    parser.add_argument("--admission-learn", type=float, default=0.2,
+                        help="EWMA weight of the measured ÷ predicted prefill time (0: the fitted model as is)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ProxyConfig([u.rstrip("/") for u in args.prefill], [u.rstrip("/") for u in args.decode],
                          connect_timeout_s=args.connect_timeout, prefill_timeout_s=args.prefill_timeout,
                          read_timeout_s=args.read_timeout, admission_profile=args.admission_profile,
-                         ttft_slo_s=args.ttft_slo, handoff_s=args.handoff, tokenizer=args.tokenizer)
+                         ttft_slo_s=args.ttft_slo, handoff_s=args.handoff, tokenizer=args.tokenizer,
+                         admission_learn=args.admission_learn)
     web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
                 print=lambda msg: print(msg, flush=True))
 

@@ -1,0 +1,264 @@
+"""Overload on a live 1P1D deployment, with and without early rejection at the proxy.
+
+Mooncake (FAST'25 §7, arXiv 2407.00079v3) refuses a request on arrival when its predicted TTFT
+misses the SLO, instead of admitting it and missing later; notebook 07 simulates that policy.
+Here it runs live (:mod:`pdlab.serve.admission`, the proxy's ``--admission-profile``), and a run
+is measured as one row of :class:`OverloadRow`:
+
+1. :func:`fit_prefill_model` probes the prefill server one prompt at a time and fits
+   ``t_p(l) = a + b·l + c·l²`` (what the proxy predicts with); :func:`measure_handoff` takes
+   the rest of a single request's TTFT through the proxy (KV hand-off and first decode step).
+2. :func:`saturation_capacity`: every request of a workload at once; completed requests over
+   the makespan is the deployment's capacity (req/s), the unit of "1×, 2×, 3× load".
+3. :func:`overload_run` sends the workload at a multiple of that rate and records goodput, the
+   SLO attainment of the *admitted* requests, the rejection share (HTTP 503), other failures,
+   and the engines' peak memory (RSS of their process trees) and KV-cache usage, sampled while
+   it runs. The same arrivals go through :func:`pdlab.serve.admission.replay_admission`, the
+   policy's offline replay, so the live rejections can be set beside the predicted ones.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pdlab.metrics import SLO, RequestRecord, percentiles, slo_attainment, summarize
+from pdlab.serve.admission import PrefillModel, replay_admission
+from pdlab.serve.evidence import scrape_metrics
+from pdlab.workloads import Request
+
+__all__ = ["REJECTED", "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff",
+           "saturation_capacity", "ResourceSampler", "OverloadRow", "overload_run", "overload_matrix"]
+
+#: How the client's error text starts for a request the proxy refused on arrival.
+REJECTED = "HTTP 503"
+
+
+def is_rejected(rec: RequestRecord) -> bool:
+    """True for a request the front door refused on arrival (HTTP 503), not one that failed later."""
+    return (not rec.ok) and (rec.error or "").startswith(REJECTED)
+
+
+def fit_prefill_model(prefill_url: str, lengths: Sequence[int], *, repeats: int = 3, seed: int = 0
+                      ) -> tuple[PrefillModel, list[dict[str, Any]]]:
+    """Probe ``prefill_url`` with single prompts of ``lengths`` tokens and fit ``a + b·l + c·l²`` (s).
+
+    Returns the model and the probe points (``prefill_tokens``, ``time_s`` = median TTFT).
+    """
+    from pdlab.calibrate import fit_row
+    from pdlab.serve.probes import probe_prefill
+
+    if len(set(lengths)) < 3:
+        raise ValueError(f"need ≥ 3 distinct prompt lengths to fit a, b and c, got {list(lengths)}")
+    points = probe_prefill(prefill_url, lengths, repeats=repeats, seed=seed)
+    (a, b, c), quality = fit_row(points, "prefill")
+    for p in points:
+        p["fit_s"] = a + b * p["prefill_tokens"] + c * p["prefill_tokens"] ** 2
+    points[0]["fit_quality"] = quality
+    return PrefillModel(a, b, c), points
+
+
+def save_prefill_profile(model: PrefillModel, path: str | Path) -> Path:
+    """Write ``{"prefill": [a, b, c]}``, the file the proxy's ``--admission-profile`` reads."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"prefill": [model.a_s, model.b_s_per_token, model.c_s_per_token2]}))
+    return path
+
+
+def measure_handoff(proxy_url: str, model: PrefillModel, lengths: Sequence[int], *, repeats: int = 3,
+                    seed: int = 0) -> tuple[float, list[dict[str, float]]]:
+    """The part of a single request's TTFT through the proxy that is not its prefill (s, median ≥ 0):
+    the KV hand-off and the decode server's first step, what the admission adds to every prediction."""
+    from pdlab.serve.probes import probe_handoff
+
+    points = probe_handoff(proxy_url, lengths, repeats=repeats, seed=seed)
+    rests = [p["ttft_s"] - model.time_s(int(p["tokens"])) for p in points]
+    for p, rest in zip(points, rests, strict=True):
+        p["handoff_s"] = rest
+    return max(float(np.median(rests)), 0.0), points
+
+
+def saturation_capacity(url: str, requests: Sequence[Request], *, seed: int = 0, middle: float = 0.8,
+                        request_timeout_s: float = 300.0) -> tuple[float, list[RequestRecord]]:
+    """Every request of ``requests`` sent at once; the completion rate (req/s) while the queue is full.
+
+    The rate is counted over the ``middle`` share of the finishes (0.8: from the 10th to the 90th
+    percentile finish), so the ramp-up (the first prefills) and the tail (the last decodes, with the
+    queue empty) do not dilute it. Raises RuntimeError when any request fails: a capacity measured
+    with failures is not one.
+    """
+    from pdlab.serve.bench import run_bench
+
+    if not 0 < middle <= 1 or len(requests) < 5:
+        raise ValueError(f"need ≥ 5 requests and 0 < middle ≤ 1, got {len(requests)} and {middle}")
+    burst = [Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, r.hash_ids) for r in requests]
+    res = run_bench(url, burst, progress=False, seed=seed, request_timeout_s=request_timeout_s)
+    bad = [r.error for r in res.records if not r.ok]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {len(burst)} requests failed while measuring capacity: {bad[0]}")
+    finishes = np.sort([r.finish_s for r in res.records])
+    lo, hi = int(round(len(finishes) * (1 - middle) / 2)), int(round(len(finishes) * (1 + middle) / 2)) - 1
+    return (hi - lo) / (finishes[hi] - finishes[lo]), res.records
+
+
+class ResourceSampler:
+    """Peak RSS (GiB) of labelled process trees and peak KV-cache usage (0–1) of vLLM servers,
+    sampled every ``interval_s`` on a thread between ``__enter__`` and ``__exit__``."""
+
+    def __init__(self, roots: Mapping[str, int], metric_urls: Sequence[str] = (), interval_s: float = 0.5):
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self.roots, self.metric_urls, self.interval_s = dict(roots), list(metric_urls), interval_s
+        self.peak_rss_gib: dict[str, float] = {label: 0.0 for label in self.roots}
+        self.peak_kv_usage = 0.0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> None:
+        from pdlab.serve.cpucost import tree_processes
+
+        for label, pid in self.roots.items():
+            rss = 0
+            for proc in tree_processes(pid):
+                try:
+                    rss += proc.memory_info().rss
+                except Exception:  # noqa: BLE001 — a process that ended between listing and reading
+                    continue
+            self.peak_rss_gib[label] = max(self.peak_rss_gib[label], rss / 2**30)
+        for url in self.metric_urls:
+            try:
+                usage = scrape_metrics(url).total("vllm:kv_cache_usage_perc")
+            except OSError:
+                continue
+            self.peak_kv_usage = max(self.peak_kv_usage, usage)
+        self.samples += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> ResourceSampler:
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        self.sample()
+
+
+@dataclass
+class OverloadRow:
+    """One overload run (rates req/s, times s, memory GiB)."""
+
+    design: str
+    load_x: float
+    rate_rps: float
+    requests: int
+    rejected_share: float
+    failed_admitted: int
+    goodput_rps: float
+    attainment_admitted: float
+    ttft_p90_admitted_s: float
+    tpot_p90_admitted_s: float
+    predicted_rejected_share: float
+    learned_slowdown: float
+    predicted_rejected_share_learned: float
+    decisions_agree: float
+    peak_engine_rss_gib: float
+    peak_proxy_rss_gib: float
+    peak_kv_usage: float
+    wall_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _proxy_slowdown(proxy_url: str) -> float:
+    """The slowdown the proxy's admission learned (``GET /proxy/admission``); NaN when it is off."""
+    import urllib.request
+
+    with urllib.request.urlopen(proxy_url.rstrip("/") + "/proxy/admission", timeout=10) as resp:
+        state = json.loads(resp.read())
+    return float(state["slowdown"]) if state.get("enabled") else float("nan")
+
+
+def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, load_x: float, rate_rps: float,
+                 model: PrefillModel, handoff_s: float, seed: int = 0, request_timeout_s: float = 120.0,
+                 server_prompt_tokens: Mapping[int, int] | None = None) -> tuple[OverloadRow, list[RequestRecord]]:
+    """Send ``requests`` (arrival times from 0) through ``dep``'s proxy and measure one :class:`OverloadRow`.
+
+    ``model``/``handoff_s``: the admission's prefill model, replayed offline on the same arrivals
+    (``server_prompt_tokens``: request id → the server's prompt length, when the client's differs).
+    """
+    from pdlab.serve.bench import run_bench
+
+    roots = {s.spec.role: s.process.pid for s in dep.servers}
+    t0 = time.monotonic()
+    with ResourceSampler({**roots, "proxy": dep.proxy.pid}, [s.url for s in dep.servers]) as res_meter:
+        res = run_bench(dep.url, requests, slo=slo, progress=False, seed=seed, request_timeout_s=request_timeout_s)
+    wall = time.monotonic() - t0
+    recs = res.records
+    rejected = {r.request_id for r in recs if is_rejected(r)}
+    admitted = [r for r in recs if r.request_id not in rejected]
+    tokens = [int((server_prompt_tokens or {}).get(r.request_id, r.prompt_tokens)) for r in requests]
+    arrivals = [r.arrival_s for r in requests]
+    flags = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s)
+    slowdown = _proxy_slowdown(dep.url)
+    learned = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, slowdown=slowdown) \
+        if slowdown == slowdown else flags
+    agree = [flag == (r.request_id not in rejected) for r, flag in zip(requests, learned, strict=True)]
+    ok_admitted = [r for r in admitted if r.ok]
+    ttft_p90 = percentiles([r.ttft_s for r in ok_admitted], [90])["p90"]
+    tpots = [r.tpot_s for r in ok_admitted if r.tpot_s is not None]
+    summary = summarize(recs, slo)
+    row = OverloadRow(design=design, load_x=load_x, rate_rps=rate_rps, requests=len(recs),
+                      rejected_share=len(rejected) / len(recs), failed_admitted=sum(not r.ok for r in admitted),
+                      goodput_rps=float(summary.get("goodput_rps", float("nan"))),
+                      attainment_admitted=slo_attainment(admitted, slo) if admitted else float("nan"),
+                      ttft_p90_admitted_s=ttft_p90,
+                      tpot_p90_admitted_s=float(np.percentile(tpots, 90)) if tpots else float("nan"),
+                      predicted_rejected_share=1.0 - sum(flags) / len(flags), learned_slowdown=slowdown,
+                      predicted_rejected_share_learned=1.0 - sum(learned) / len(learned),
+                      decisions_agree=sum(agree) / len(agree),
+                      peak_engine_rss_gib=sum(v for k, v in res_meter.peak_rss_gib.items() if k != "proxy"),
+                      peak_proxy_rss_gib=res_meter.peak_rss_gib["proxy"], peak_kv_usage=res_meter.peak_kv_usage,
+                      wall_s=wall)
+    return row, recs
+
+
+def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: SLO, *, capacity_rps: float,
+                    loads: Sequence[float], duration_s: float, model: PrefillModel, handoff_s: float,
+                    profile_path: str | Path, tokenizer: str | Path, seed: int = 0,
+                    request_timeout_s: float = 120.0) -> list[tuple[OverloadRow, list[RequestRecord]]]:
+    """Each load (× ``capacity_rps``) for ``duration_s`` through ``dep``'s proxy with and without early
+    rejection. The two designs alternate which goes first from one load to the next (drift of the
+    machine falls on both); both get the same arrivals and prompt lengths at a load
+    (``workload(rate, n)``). The proxy is restarted for each run and left without admission."""
+    designs = {"early rejection": ["--admission-profile", str(profile_path), "--ttft-slo", f"{slo.ttft_s:g}",
+                                   "--handoff", f"{handoff_s:.6f}", "--tokenizer", str(tokenizer)],
+               "no admission": []}
+    out = []
+    try:
+        for i, x in enumerate(loads):
+            rate = x * capacity_rps
+            requests = workload(rate, max(4, int(round(rate * duration_s))))
+            for design in (list(designs) if i % 2 == 0 else list(designs)[::-1]):
+                dep.restart_proxy(designs[design])
+                out.append(overload_run(dep, requests, slo, design=design, load_x=x, rate_rps=rate, model=model,
+                                        handoff_s=handoff_s, seed=seed + i, request_timeout_s=request_timeout_s))
+    finally:
+        dep.restart_proxy()
+    return out
