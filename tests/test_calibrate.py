@@ -296,13 +296,16 @@ def test_error_table_orders_columns():
 # ------------------------------------------------------------------ lab 05 checks
 def test_lab05_checks_pass_fail_and_not_attempted(monkeypatch):
     from pdlab.exercises import FAILED, NOT_ATTEMPTED, PASSED
-    from pdlab.exercises.lab05 import check_attainment_diff, check_decode_step
+    from pdlab.exercises.lab05 import check_attainment_diff, check_max_decode_batch, max_decode_batch
 
     monkeypatch.delenv("PDLAB_STRICT_CHECKS", raising=False)
     a, b, c = TRUE.decode
-    assert check_decode_step(a + b * 16 * 400 + c * 16, TRUE, 16, 400).status == PASSED
-    assert check_decode_step(a + b * 400 + c, TRUE, 16, 400).status == FAILED
-    assert check_decode_step(None, TRUE, 16, 400).status == NOT_ATTEMPTED
+    budget = a + 20 * (b * 400 + c) + 1e-6  # a batch of 20 just fits
+    assert max_decode_batch(TRUE, 400, budget) == 20
+    assert max_decode_batch(TRUE, 400, a) == 0  # not even one request fits
+    assert check_max_decode_batch(20, TRUE, 400, budget).status == PASSED
+    assert check_max_decode_batch(21, TRUE, 400, budget).status == FAILED
+    assert check_max_decode_batch(None, TRUE, 400, budget).status == NOT_ATTEMPTED
     live = [_rec(i, 0.1 * (i + 1), 0.01) for i in range(4)]
     sim = [_rec(i, 0.05, 0.01) for i in range(4)]
     slo = SLO(ttft_s=0.25)

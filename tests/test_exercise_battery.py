@@ -72,6 +72,7 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
         lab03,
         lab04,
         lab05,
+        lab06,
         nb00,
         nb01,
         nb02,
@@ -294,6 +295,29 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
         {"seconds": mean_ms(short) / 1e3, "n instead of n − 1": mean_ms(short, 0),
          "every request, long ones included": mean_ms(ok2)})
 
+    # ---- lab06
+    from pdlab.metrics import RequestRecord
+    from pdlab.serve.faults import FAULTS, FaultOutcome
+
+    refused = [RequestRecord(100 + k, 0.1 * k, 64, 8, ok=False, error="HTTP 503: admission") for k in range(3)]
+    orecs = recs + refused
+    loose = SLO(ttft_s=0.3, tpot_s=0.06)
+    adm = [r for r in orecs if r not in refused]
+
+    def meets(r, s):
+        return r.ok and r.ttft_s <= s.ttft_s and (r.tpot_s is None or r.tpot_s <= s.tpot_s)
+
+    add(lab06.check_admitted_attainment, (orecs, loose), sum(meets(r, loose) for r in adm) / len(adm),
+        {"refused counted as misses": sum(meets(r, loose) for r in orecs) / len(orecs),
+         "the run's tighter SLO": sum(meets(r, SLO(ttft_s=0.15, tpot_s=0.06)) for r in adm) / len(adm),
+         "TTFT only": sum(r.ok and r.ttft_s <= 0.3 for r in adm) / len(adm)})
+    outs = [FaultOutcome(f, p, c, 1.0, None, False, 0, True) for f, p, c in
+            [(FAULTS[0], "recompute", "left"), (FAULTS[2], "recompute", "sse error"),
+             (FAULTS[3], "recompute", "answer"), (FAULTS[4], "recompute", "answer"), (FAULTS[3], "fail", "sse error")]]
+    add(lab06.check_faults_answered, (outs, "recompute"), sorted([FAULTS[3], FAULTS[4]]),
+        {"the client that left counted": sorted([FAULTS[0], FAULTS[3], FAULTS[4]]), "every fault": list(FAULTS),
+         "none": []})
+
     # ---- lab02
     rooms_p, rooms_d = [11, 42, 7, 99], [42, 7, 99, 11]
     add(lab02.check_bootstrap_room_shared, (rooms_p, rooms_d), [7, 11, 42, 99],
@@ -333,8 +357,11 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
 
     # ---- lab05
     fl = FittedLatency(prefill=(0.01, 2e-5, 1e-9), decode=(0.008, 3e-7, 2e-4))
-    add(lab05.check_decode_step, (fl, 16, 1200), 0.008 + 3e-7 * 16 * 1200 + 2e-4 * 16,
-        {"Σctx = context (not × batch)": 0.008 + 3e-7 * 1200 + 2e-4 * 16, "forgot a": 3e-7 * 16 * 1200 + 2e-4 * 16})
+    budget = 0.05  # (0.05 − 0.008) / (3e-7·1200 + 2e-4) = 75.0 → 75 requests
+    add(lab05.check_max_decode_batch, (fl, 1200, budget), 75,
+        {"rounded up": 76, "forgot a": math.floor(budget / (3e-7 * 1200 + 2e-4)),
+         "forgot c": math.floor((budget - 0.008) / (3e-7 * 1200)), "Σctx = context (not × batch)": math.floor(
+             (budget - 0.008 - 3e-7 * 1200) / 2e-4)})
     live = recs
     sim = [replace(r, first_token_s=r.arrival_s + 0.05) if r.ok else r for r in recs]
     diff_pp = 100 * (slo_attainment(sim, slo) - slo_attainment(live, slo))

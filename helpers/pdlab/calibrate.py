@@ -234,9 +234,9 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     ``latency.meta["cpu_contention"]``, measured by :func:`pdlab.serve.probes.probe_contention`; else none),
     and every handed-off request adds ``admit_overhead_s`` to the decode step that admits it
     (default 0, not read from the profile: :func:`pdlab.serve.probes.probe_admission` stores its
-    measurement in ``latency.meta["admission"]``, but on the course's 2-core CPU it ranged from
-    −25 to +63 ms across runs, noise that a replay would turn into 20–40% TPOT error; pass it
-    explicitly where the probe resolves it, e.g. on a GPU host).
+    measurement in ``latency.meta["admission"]``, but on the course's 2-core CPU it moves with the
+    machine's other load, even changing sign between runs; lab 05 replays with and without it. Pass
+    it explicitly where the probe resolves it, e.g. on a GPU host).
     """
     from pdlab.sim import ClusterSpec, KVLink, PoolSpec, build_cluster
 

@@ -9,14 +9,27 @@ from pdlab.exercises import CheckResult, check_close, check_true
 from pdlab.metrics import SLO, RequestRecord, slo_attainment
 from pdlab.sim.latency import FittedLatency
 
-__all__ = ["check_decode_step", "check_attainment_diff"]
+__all__ = ["max_decode_batch", "check_max_decode_batch", "check_attainment_diff"]
 
 
-def check_decode_step(value, latency: FittedLatency, batch: int, context_tokens: int) -> CheckResult:
-    """Exercise 1: one decode step of ``batch`` requests of ``context_tokens`` each, from the fitted row (s)."""
-    expected = latency.decode_time_s([context_tokens] * batch)
-    return check_close("Exercise 1", value, expected, rel_tol=0.005, unit="s",
-                       hint="decode = a + b·Σctx + c·batch, with Σctx = batch × context tokens (latency.decode).")
+def max_decode_batch(latency: FittedLatency, context_tokens: int, step_budget_s: float) -> int:
+    """The largest batch B whose decode step ``a + b·B·ctx + c·B`` fits ``step_budget_s`` (0 if none does)."""
+    a, b, c = latency.decode
+    per_seq = b * context_tokens + c
+    if step_budget_s < a + per_seq:
+        return 0
+    if per_seq <= 0:
+        raise ValueError("the fitted decode row does not grow with the batch: no largest batch")
+    return int(math.floor((step_budget_s - a) / per_seq + 1e-9))
+
+
+def check_max_decode_batch(value, latency: FittedLatency, context_tokens: int, step_budget_s: float) -> CheckResult:
+    """Exercise 1: the largest decode batch of ``context_tokens``-token requests whose step stays
+    within ``step_budget_s`` (the TPOT SLO), from the fitted decode row."""
+    expected = max_decode_batch(latency, context_tokens, step_budget_s)
+    return check_close("Exercise 1", value, expected, rel_tol=1e-9, unit="requests",
+                       hint="Solve a + b·B·ctx + c·B ≤ budget for B and round down: a batch one larger misses. "
+                            "All three coefficients count (latency.decode = (a, b, c)).")
 
 
 def check_attainment_diff(value, live: Sequence[RequestRecord], sim: Sequence[RequestRecord], slo: SLO
