@@ -191,11 +191,13 @@ async def run_requests(url: str, requests: Sequence[Request], *, endpoint: str =
                        max_concurrency: int | None = None, ignore_eos: bool = True,
                        request_timeout_s: float = 300.0, progress: bool = True, seed: int = 0,
                        extra_body: dict[str, Any] | None = None,
-                       should_stop: Callable[[], bool] | None = None) -> list[RequestRecord]:
+                       should_stop: Callable[[], bool] | None = None,
+                       prompts: Sequence[str] | None = None) -> list[RequestRecord]:
     """Send ``requests`` at their arrival times (seconds from now); return one record each.
 
     ``should_stop``: checked just before each request is sent; requests not sent once it returns
-    True are left out of the result.
+    True are left out of the result. ``prompts``: one prompt text per request, sent instead of
+    synthesised ones (for example prompts that share prefixes, :func:`pdlab.serve.dynamo.prefix_prompts`).
     """
     import aiohttp
     from tqdm.auto import tqdm
@@ -207,12 +209,18 @@ async def run_requests(url: str, requests: Sequence[Request], *, endpoint: str =
         served, root = await asyncio.to_thread(server_model, url)
         model = model or served
         tokenizer = tokenizer or root
-    if tokenizer is None:
+    if tokenizer is None and prompts is None:
         raise ValueError("the server's model is not a local folder: pass tokenizer=DIR (--tokenizer)")
-    synth = await asyncio.to_thread(PromptSynthesizer, tokenizer)
-    rng = np.random.default_rng(seed)
-    bodies = [_payload(endpoint, model, synth.prompt(r.prompt_tokens, rng), r.output_tokens, ignore_eos, extra_body)
-              for r in requests]
+    if prompts is not None:
+        if len(prompts) != len(requests):
+            raise ValueError(f"got {len(prompts)} prompts for {len(requests)} requests")
+        texts = list(prompts)
+    else:
+        synth = await asyncio.to_thread(PromptSynthesizer, tokenizer)
+        rng = np.random.default_rng(seed)
+        texts = [synth.prompt(r.prompt_tokens, rng) for r in requests]
+    bodies = [_payload(endpoint, model, text, r.output_tokens, ignore_eos, extra_body)
+              for r, text in zip(requests, texts, strict=True)]
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
     connector = aiohttp.TCPConnector(limit=max_concurrency or 0, force_close=False)
@@ -276,7 +284,7 @@ def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, 
               model: str | None = None, tokenizer: str | Path | None = None, max_concurrency: int | None = None,
               ignore_eos: bool = True, request_timeout_s: float = 300.0, progress: bool = True, seed: int = 0,
               save: bool | str = False, extra_body: dict[str, Any] | None = None,
-              should_stop: Callable[[], bool] | None = None) -> BenchResult:
+              should_stop: Callable[[], bool] | None = None, prompts: Sequence[str] | None = None) -> BenchResult:
     """Run a benchmark (blocking; works in Jupyter too) and summarise it.
 
     ``save=True`` (or a name) writes the summary JSON and the records JSONL under ``build/bench/``.
@@ -284,7 +292,7 @@ def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, 
     records = run_sync(run_requests(url, requests, endpoint=endpoint, model=model, tokenizer=tokenizer,
                                      max_concurrency=max_concurrency, ignore_eos=ignore_eos,
                                      request_timeout_s=request_timeout_s, progress=progress, seed=seed,
-                                     extra_body=extra_body, should_stop=should_stop))
+                                     extra_body=extra_body, should_stop=should_stop, prompts=prompts))
     summary = summarize(records, slo)
     errors = sorted({r.error for r in records if not r.ok})
     summary["errors"] = errors[:10]
