@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 PROFILE ?= ci
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-browser lab notebooks clean
+.PHONY: setup run test unit test-browser lab notebooks clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,9 @@ run: setup  ## execute every solution notebook (PROFILE=ci|full), write build/ex
 
 test: setup  ## unit tests + papermill execution of every solution and student notebook
 	$(VENV)/bin/pytest -q
+
+unit: setup  ## the tests that start no engine, run no notebook and open no browser (a few minutes)
+	$(VENV)/bin/pytest -q -m "not live and not notebook and not browser and not student_lab and not slow"
 
 test-browser: setup  ## JupyterLab in headless Chromium: run notebook 02 and drive its explorer
 	$(VENV)/bin/pytest -q -s -m browser

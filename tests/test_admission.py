@@ -89,3 +89,16 @@ def test_bad_settings_and_inputs_name_the_problem(tmp_path):
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"prefill": [0.01, 0.001, 0.0], "decode": [0, 0, 0]}))
     assert PrefillModel.from_profile(good) == MODEL
+
+
+def test_headroom_admits_only_below_a_share_of_the_slo():
+    clock = Clock()
+    full = TTFTAdmission(MODEL, ttft_slo_s=0.5, clock=clock, learn=0.0)
+    tight = TTFTAdmission(MODEL, ttft_slo_s=0.5, clock=clock, learn=0.0, headroom=0.5)
+    assert tight.target_s == pytest.approx(0.25)
+    assert full.decide(290).admit          # 0.30 s ≤ 0.5 s
+    verdict = tight.decide(290)             # 0.30 s > 0.25 s
+    assert not verdict.admit and verdict.retry_after_s == 1
+    assert replay_admission([0.0], [290], MODEL, 0.5, headroom=0.5) == [False]
+    with pytest.raises(ValueError, match="headroom"):
+        TTFTAdmission(MODEL, ttft_slo_s=0.5, headroom=0.0)

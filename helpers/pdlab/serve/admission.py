@@ -15,7 +15,8 @@ policy. This is the live version, for the P/D proxy (``pdlab.serve.proxy --admis
   the time the queue predicted for it at admission, averaged (EWMA, weight ``learn``); every
   prefill time is multiplied by it. ``learn=0`` turns this off (the unloaded model as fitted).
 - Predicted TTFT = wait for the queue + slowdown·``t_p(l)`` + ``handoff_s`` (KV hand-off and first decode
-  step). Above the TTFT SLO the request is refused with HTTP 503 and ``Retry-After`` (whole
+  step). Above ``headroom`` × the TTFT SLO (default 1: the SLO itself; below 1 leaves room for
+  what the prediction misses) the request is refused with HTTP 503 and ``Retry-After`` (whole
   seconds until the queue would admit it).
 
 The class is pure (an injectable clock): the same object decides in the proxy and in an offline
@@ -84,6 +85,7 @@ class TTFTAdmission:
     handoff_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
     learn: float = 0.2
+    headroom: float = 1.0
     busy_until_s: float = field(default=float("-inf"), init=False)
     in_flight: dict[str, int] = field(default_factory=dict, init=False)
     slowdown: float = field(default=1.0, init=False)
@@ -98,6 +100,13 @@ class TTFTAdmission:
             raise ValueError(f"hand-off time must be ≥ 0 s, got {self.handoff_s!r}")
         if not 0 <= self.learn <= 1:
             raise ValueError(f"learn must be in [0, 1], got {self.learn!r}")
+        if not 0 < self.headroom <= 1:
+            raise ValueError(f"headroom must be in (0, 1], got {self.headroom!r}")
+
+    @property
+    def target_s(self) -> float:
+        """The predicted TTFT a request may have and be admitted: ``headroom`` × the SLO (s)."""
+        return self.headroom * self.ttft_slo_s
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """Predicted prefill time of one prompt now: the fitted model × the learned slowdown (s)."""
@@ -108,10 +117,10 @@ class TTFTAdmission:
         now = self.clock()
         wait = max(self.busy_until_s - now, 0.0)
         predicted = wait + self.prefill_s(prompt_tokens) + self.handoff_s
-        if predicted <= self.ttft_slo_s:
+        if predicted <= self.target_s:
             return AdmissionDecision(True, predicted, wait)
         self.rejected += 1
-        return AdmissionDecision(False, predicted, wait, max(1, math.ceil(predicted - self.ttft_slo_s)))
+        return AdmissionDecision(False, predicted, wait, max(1, math.ceil(predicted - self.target_s)))
 
     def start(self, key: str, prompt_tokens: int) -> None:
         """An admitted request's prefill leg is sent: it joins the virtual queue."""
@@ -136,11 +145,13 @@ class TTFTAdmission:
         """Counters and the current predicted wait, for ``/proxy/admission``."""
         return {"admitted": self.admitted, "rejected": self.rejected, "in_flight": len(self.in_flight),
                 "wait_s": max(self.busy_until_s - self.clock(), 0.0), "ttft_slo_s": self.ttft_slo_s,
+                "headroom": self.headroom,
                 "handoff_s": self.handoff_s, "slowdown": self.slowdown}
 
 
 def replay_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], model: PrefillModel,
-                     ttft_slo_s: float, handoff_s: float = 0.0, slowdown: float = 1.0) -> list[bool]:
+                     ttft_slo_s: float, handoff_s: float = 0.0, slowdown: float = 1.0,
+                     headroom: float = 1.0) -> list[bool]:
     """The same policy on a list of arrivals, with the queue the model predicts (no live feedback).
 
     Each prefill leg is taken to end at its predicted time, when :meth:`TTFTAdmission.done` runs;
@@ -154,7 +165,7 @@ def replay_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], 
     if any(b < a for a, b in zip(arrivals_s, arrivals_s[1:], strict=False)):
         raise ValueError("arrivals must be in time order")
     now = [0.0]
-    policy = TTFTAdmission(model, ttft_slo_s, handoff_s, clock=lambda: now[0], learn=0.0)
+    policy = TTFTAdmission(model, ttft_slo_s, handoff_s, clock=lambda: now[0], learn=0.0, headroom=headroom)
     policy.slowdown = slowdown
     pending: list[tuple[float, str]] = []  # (predicted end of the prefill leg, key)
     flags = []

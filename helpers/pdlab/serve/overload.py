@@ -197,10 +197,11 @@ def _proxy_slowdown(proxy_url: str) -> float:
 
 def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, load_x: float, rate_rps: float,
                  model: PrefillModel, handoff_s: float, seed: int = 0, request_timeout_s: float = 120.0,
-                 server_prompt_tokens: Mapping[int, int] | None = None) -> tuple[OverloadRow, list[RequestRecord]]:
+                 server_prompt_tokens: Mapping[int, int] | None = None, headroom: float = 1.0
+                 ) -> tuple[OverloadRow, list[RequestRecord]]:
     """Send ``requests`` (arrival times from 0) through ``dep``'s proxy and measure one :class:`OverloadRow`.
 
-    ``model``/``handoff_s``: the admission's prefill model, replayed offline on the same arrivals
+    ``model``/``handoff_s``/``headroom``: the admission's settings, replayed offline on the same arrivals
     (``server_prompt_tokens``: request id → the server's prompt length, when the client's differs).
     """
     from pdlab.serve.bench import run_bench
@@ -215,9 +216,9 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     admitted = [r for r in recs if r.request_id not in rejected]
     tokens = [int((server_prompt_tokens or {}).get(r.request_id, r.prompt_tokens)) for r in requests]
     arrivals = [r.arrival_s for r in requests]
-    flags = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s)
+    flags = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, headroom=headroom)
     slowdown = _proxy_slowdown(dep.url)
-    learned = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, slowdown=slowdown) \
+    learned = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, slowdown=slowdown, headroom=headroom) \
         if slowdown == slowdown else flags
     agree = [flag == (r.request_id not in rejected) for r, flag in zip(requests, learned, strict=True)]
     ok_admitted = [r for r in admitted if r.ok]
@@ -242,13 +243,16 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
 def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: SLO, *, capacity_rps: float,
                     loads: Sequence[float], duration_s: float, model: PrefillModel, handoff_s: float,
                     profile_path: str | Path, tokenizer: str | Path, seed: int = 0,
-                    request_timeout_s: float = 120.0) -> list[tuple[OverloadRow, list[RequestRecord]]]:
+                    request_timeout_s: float = 120.0, headroom: float = 1.0
+                    ) -> list[tuple[OverloadRow, list[RequestRecord]]]:
     """Each load (× ``capacity_rps``) for ``duration_s`` through ``dep``'s proxy with and without early
     rejection. The two designs alternate which goes first from one load to the next (drift of the
     machine falls on both); both get the same arrivals and prompt lengths at a load
-    (``workload(rate, n)``). The proxy is restarted for each run and left without admission."""
+    (``workload(rate, n)``); ``headroom``: admit when the predicted TTFT ≤ headroom × the SLO. The proxy
+    is restarted for each run and left without admission."""
     designs = {"early rejection": ["--admission-profile", str(profile_path), "--ttft-slo", f"{slo.ttft_s:g}",
-                                   "--handoff", f"{handoff_s:.6f}", "--tokenizer", str(tokenizer)],
+                                   "--handoff", f"{handoff_s:.6f}", "--tokenizer", str(tokenizer),
+                                   "--admission-headroom", f"{headroom:g}"],
                "no admission": []}
     out = []
     try:
@@ -258,7 +262,8 @@ def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: S
             for design in (list(designs) if i % 2 == 0 else list(designs)[::-1]):
                 dep.restart_proxy(designs[design])
                 out.append(overload_run(dep, requests, slo, design=design, load_x=x, rate_rps=rate, model=model,
-                                        handoff_s=handoff_s, seed=seed + i, request_timeout_s=request_timeout_s))
+                                        handoff_s=handoff_s, seed=seed + i, request_timeout_s=request_timeout_s,
+                                        headroom=headroom))
     finally:
         dep.restart_proxy()
     return out

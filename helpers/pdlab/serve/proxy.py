@@ -76,6 +76,7 @@ class ProxyConfig:
     handoff_s: float = 0.0
     tokenizer: str | None = None
     admission_learn: float = 0.2  # EWMA weight of the measured/predicted prefill-leg ratio (0: off)
+    admission_headroom: float = 1.0  # admit when the predicted TTFT ≤ headroom × the SLO
 
     def __post_init__(self) -> None:
         if not self.prefill_urls or not self.decode_urls:
@@ -121,7 +122,8 @@ class ProxyState:
         cfg = self.config
         if cfg.admission_profile is not None:
             self.admission = TTFTAdmission(PrefillModel.from_profile(cfg.admission_profile), cfg.ttft_slo_s,
-                                           cfg.handoff_s, learn=cfg.admission_learn)
+                                           cfg.handoff_s, learn=cfg.admission_learn,
+                                           headroom=cfg.admission_headroom)
             if cfg.tokenizer is not None:
                 from transformers import AutoTokenizer
 
@@ -306,7 +308,8 @@ class PDProxy:
                 stats["rejected"] += 1
                 return error_response(
                     503, f"rejected on arrival: predicted TTFT {verdict.predicted_ttft_s:.3f} s (queue "
-                    f"{verdict.wait_s:.3f} s + prefill of {tokens} tokens) exceeds the SLO of {policy.ttft_slo_s:g} s",
+                    f"{verdict.wait_s:.3f} s + prefill of {tokens} tokens) exceeds the target of {policy.target_s:g} s "
+                    f"({policy.headroom:g} × the {policy.ttft_slo_s:g} s SLO)",
                     "overloaded", {**reply, "Retry-After": str(verdict.retry_after_s)})
             policy.start(request_id, tokens)
         p_url, d_url = self.state.next_pair()
@@ -419,13 +422,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tokenizer", help="tokenizer folder that counts text prompts; with --admission-profile")
     parser.add_argument("--admission-learn", type=float, default=0.2,
                         help="EWMA weight of the measured ÷ predicted prefill time (0: the fitted model as is)")
+    parser.add_argument("--admission-headroom", type=float, default=1.0,
+                        help="admit when the predicted TTFT ≤ headroom × --ttft-slo (0 < headroom ≤ 1)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ProxyConfig([u.rstrip("/") for u in args.prefill], [u.rstrip("/") for u in args.decode],
                          connect_timeout_s=args.connect_timeout, prefill_timeout_s=args.prefill_timeout,
                          read_timeout_s=args.read_timeout, admission_profile=args.admission_profile,
                          ttft_slo_s=args.ttft_slo, handoff_s=args.handoff, tokenizer=args.tokenizer,
-                         admission_learn=args.admission_learn)
+                         admission_learn=args.admission_learn, admission_headroom=args.admission_headroom)
     web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
                 print=lambda msg: print(msg, flush=True))
 
