@@ -13,7 +13,8 @@
 #   --no-deps, plus only what `import dynamo.replay` and the replay need: ai-dynamo-runtime (the
 #   Rust core, also --no-deps), pydantic and uvloop (ai-dynamo-runtime's own requirements) and
 #   typing_extensions; packaging, PyYAML and msgspec, which `python -m dynamo.frontend` and
-#   `python -m dynamo.mocker` import at start (measured 2026-12-01: with these both run --help).
+#   `python -m dynamo.mocker` import at start (measured 2026-12-01: with these both run --help);
+#   numpy, which the mocker imports to read a latency profile (--planner-profile-data, lab 07).
 #   transformers, kubernetes, redis, zmq, … serve Dynamo's planner and real engine workers, which
 #   this environment does not provide.
 # - vllm-router 0.1.17 is a Rust wheel whose requirements (fastapi, uvicorn, aiohttp, orjson,
@@ -24,7 +25,7 @@ set -euo pipefail
 python_bin=${1:-python3}
 venv=${2:-.venv-peers}
 
-pins="ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 pydantic>=2.10.6,<=2.13.5 uvloop>=0.21.0 typing_extensions>=4.10 packaging pyyaml msgspec vllm-router==0.1.17"
+pins="ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1 pydantic>=2.10.6,<=2.13.5 uvloop>=0.21.0 typing_extensions>=4.10 packaging pyyaml msgspec numpy vllm-router==0.1.17"
 stamp="$venv/.installed"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$pins" ] && [ -x "$venv/bin/python" ]; then
     exit 0
@@ -34,10 +35,10 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip=("$venv/bin/python" -m pip --quiet)
 "${pip[@]}" install --no-deps "ai-dynamo==1.6.1" "ai-dynamo-runtime==1.6.1" 2>&1 | grep -v "^WARNING: Location" || true
-"${pip[@]}" install "pydantic>=2.10.6,<=2.13.5" "uvloop>=0.21.0" "typing_extensions>=4.10" "packaging" "pyyaml" "msgspec" "vllm-router==0.1.17" \
+"${pip[@]}" install "pydantic>=2.10.6,<=2.13.5" "uvloop>=0.21.0" "typing_extensions>=4.10" "packaging" "pyyaml" "msgspec" "numpy" "vllm-router==0.1.17" \
     2>&1 | grep -v -e "^WARNING: Location" -e "^ERROR: pip's dependency resolver" -e "ai-dynamo 1.6.1 requires" || true
 # Fail loudly when the replay path or the router is not importable (pip's output was filtered).
-"$venv/bin/python" -c "import dynamo.replay, vllm_router, packaging.version, yaml, msgspec" \
+"$venv/bin/python" -c "import dynamo.replay, vllm_router, packaging.version, yaml, msgspec, numpy" \
     || { echo "install_peers: dynamo.replay or vllm_router does not import in $venv" >&2; exit 1; }
 echo "$pins" > "$stamp"
 echo "installed Dynamo's replay and vllm-router into $venv"
