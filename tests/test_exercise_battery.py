@@ -73,6 +73,7 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
         lab04,
         lab05,
         lab06,
+        lab07,
         nb00,
         nb01,
         nb02,
@@ -317,6 +318,25 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
     add(lab06.check_faults_answered, (outs, "recompute"), sorted([FAULTS[3], FAULTS[4]]),
         {"the client that left counted": sorted([FAULTS[0], FAULTS[3], FAULTS[4]]), "every fault": list(FAULTS),
          "none": []})
+
+    # ---- lab07
+    from pdlab.workloads import Request
+
+    convo = [Request(0, 0.0, 96, 4, (0, 1, 2)), Request(1, 0.1, 96, 4, (0, 5, 6)), Request(2, 0.2, 128, 4, (0, 1, 2, 3)),
+             Request(3, 0.3, 128, 4, (0, 5, 6, 7)), Request(4, 0.4, 96, 4, (0, 1, 9)), Request(5, 0.5, 96, 4, (8, 5, 6))]
+    # round-robin over 2 workers: prefix blocks found 0, 0, 3, 3, 2, 0 of 20 (request 5 holds blocks 5 and 6
+    # of its worker, but not as a prefix); one worker for all would find 9; any block anywhere 10
+    add(lab07.check_round_robin_hit_share, (convo, 2), 8 / 20,
+        {"any block, not the prefix": 10 / 20, "one worker for all": 9 / 20, "percent": 40.0, "a count": 8})
+    by_id = {r.request_id: r for r in recs}
+    assert all(by_id[i].ok for i in range(6))
+
+    def mean_ttft_ms(ids):
+        return 1e3 * sum(by_id[i].ttft_s for i in ids) / len(ids)
+
+    add(lab07.check_follow_up_ttft_ms, (recs, convo, 2), mean_ttft_ms([2, 3, 4]),
+        {"every request": mean_ttft_ms(range(6)), "seconds": mean_ttft_ms([2, 3, 4]) / 1e3,
+         "the first turns": mean_ttft_ms([0, 1, 5])})
 
     # ---- lab02
     rooms_p, rooms_d = [11, 42, 7, 99], [42, 7, 99, 11]
