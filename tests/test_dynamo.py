@@ -134,6 +134,7 @@ def test_1p1d_mocker_deployment_serves_idles_and_leaves_nothing():
     finally:
         dep.stop()
     assert live_processes() == before
+    assert not dep.discovery_dir.exists()
     time.sleep(0.2)
     left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes left after stop: {left}"

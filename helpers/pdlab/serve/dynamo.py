@@ -221,7 +221,7 @@ class DynamoDeployment:
 
     def stop(self) -> None:
         """Stop the forwarder, the workers, then the frontend (SIGTERM to each process group, SIGKILL after
-        10 s); then delete the namespace. Idempotent."""
+        10 s); then delete the namespace and the discovery directory. Idempotent."""
         try:
             if self.forwarder is not None:
                 self.forwarder.stop(timeout_s=5)
@@ -232,6 +232,7 @@ class DynamoDeployment:
             if self._netns_cm is not None:
                 cm, self._netns_cm = self._netns_cm, None
                 cm.__exit__(None, None, None)
+            shutil.rmtree(self.discovery_dir, ignore_errors=True)
 
     def describe(self) -> str:
         kinds = ", ".join(f"{label} pid {pid}" for label, pid in self.roots().items())
@@ -360,6 +361,7 @@ def start_dynamo(workers: Sequence[MockerSpec | str], *, port: int, model_path: 
             proc.stop(timeout_s=5)
         if netns_cm is not None:
             netns_cm.__exit__(None, None, None)
+        shutil.rmtree(discovery, ignore_errors=True)
         raise
 
 
