@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from pdlab.exercises import CheckResult, check_close, check_true
-from pdlab.metrics import SLO, RequestRecord
+from pdlab.metrics import SLO, RequestRecord, slo_attainment
+from pdlab.serve.overload import is_rejected
 
 __all__ = ["check_admitted_attainment", "check_faults_answered"]
 
@@ -14,10 +15,7 @@ def check_admitted_attainment(value, records: Sequence[RequestRecord], slo: SLO)
     """Exercise 1: the share (0–1) of the *admitted* requests of a run that met ``slo`` (TTFT and
     TPOT). Requests the front door refused (HTTP 503) are left out; an admitted request that failed
     later counts as a miss."""
-    admitted = [r for r in records if not (not r.ok and (r.error or "").startswith("HTTP 503"))]
-    met = [r for r in admitted if r.ok and r.ttft_s is not None and r.ttft_s <= slo.ttft_s
-           and (r.tpot_s is None or r.tpot_s <= slo.tpot_s)]
-    expected = len(met) / len(admitted) if admitted else float("nan")
+    expected = slo_attainment([r for r in records if not is_rejected(r)], slo)
     return check_close("Exercise 1", value, expected, rel_tol=1e-6,
                        hint="Leave out the requests refused with HTTP 503; of the rest, a request meets the SLO "
                             "when it completed with TTFT ≤ the TTFT bound and TPOT ≤ the TPOT bound (a "

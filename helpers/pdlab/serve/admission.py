@@ -145,8 +145,7 @@ class TTFTAdmission:
         """Counters and the current predicted wait, for ``/proxy/admission``."""
         return {"admitted": self.admitted, "rejected": self.rejected, "in_flight": len(self.in_flight),
                 "wait_s": max(self.busy_until_s - self.clock(), 0.0), "ttft_slo_s": self.ttft_slo_s,
-                "headroom": self.headroom,
-                "handoff_s": self.handoff_s, "slowdown": self.slowdown}
+                "headroom": self.headroom, "handoff_s": self.handoff_s, "slowdown": self.slowdown}
 
 
 def replay_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], model: PrefillModel,
