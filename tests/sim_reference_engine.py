@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from pdlab.metrics import RequestRecord
 from pdlab.sim.dispatch import DispatchPolicy, make_dispatch
 from pdlab.sim.latency import LatencyModel

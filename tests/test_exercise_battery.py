@@ -90,9 +90,9 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
     from pdlab.metrics import SLO, slo_attainment
     from pdlab.models import get_model, weight_bytes
     from pdlab.roofline.analytic import analyze, critical_decode_batch
-    from pdlab.sched.queueing import avg_ttft_inter_op, avg_ttft_intra_op
     from pdlab.roofline.measure import DeviceProfile, LayerPoint, LayerShape
     from pdlab.router.policies import LoadEstimator, RouteRequest, TargetLoad
+    from pdlab.sched.queueing import avg_ttft_inter_op, avg_ttft_intra_op
     from pdlab.serve.evidence import KVTransferEvidence
     from pdlab.sim import roofline_latency
     from pdlab.sim.latency import FittedLatency
@@ -101,7 +101,7 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
     from pdlab.workloads import mooncake_trace_path, read_mooncake_jsonl
 
     mooncake_cluster = _sched("conductor").mooncake_cluster
-    nexus_gpu, reference_latencies = _sched("pools").nexus_gpu, _sched("pools").reference_latencies
+    nexus_gpu = _sched("pools").nexus_gpu
     avg_ttft_single, crossover_rate = _sched("queueing").avg_ttft_single, _sched("queueing").crossover_rate
     cases: list[Case] = []
 

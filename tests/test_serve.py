@@ -22,7 +22,6 @@ from aiohttp import ClientTimeout, web
 from aiohttp.test_utils import TestClient, TestServer
 from pdlab.cli import main as cli_main
 from pdlab.metrics import SLO
-from pdlab.serve.evidence import MetricsSnapshot, kv_transfer_evidence, parse_prometheus
 from pdlab.process import (
     PortInUseError,
     ServerStartError,
@@ -32,6 +31,7 @@ from pdlab.process import (
     spawn,
     wait_http_ok,
 )
+from pdlab.serve.evidence import MetricsSnapshot, kv_transfer_evidence, parse_prometheus
 from pdlab.serve.plumbing import attach_client_session, backend_status, relay
 from pdlab.serve.proxy import ProxyConfig, ProxyState, decode_request, make_app, prefill_request
 from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, kv_transfer_config

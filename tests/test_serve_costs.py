@@ -9,9 +9,9 @@ import sys
 import time
 
 import pytest
+from pdlab.process import listening_sockets, parse_cpu_list, spawn
 from pdlab.serve.cpucost import busiest_threads, format_cpu, measure_cpu
 from pdlab.serve.evidence import MetricsSnapshot
-from pdlab.process import listening_sockets, parse_cpu_list, spawn
 from pdlab.serve.ttft import (
     COLOCATED_PARTS,
     DISAGG_PARTS,

@@ -42,8 +42,8 @@ def _model(arg: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdlab.serve import colocated, disaggregated
     from pdlab.process import PortInUseError, ServerStartError
+    from pdlab.serve import colocated, disaggregated
 
     model = _model(args.model)
     common = {"max_model_len": args.max_model_len, "ready_timeout_s": args.ready_timeout, "device": args.device,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdlab.exercises import PASSED, FAILED, CheckResult, check_close, check_true, report
+from pdlab.exercises import FAILED, PASSED, CheckResult, check_close, check_true, report
 
 __all__ = ["check_bootstrap_room_shared", "check_dispatch_gap_ms", "dispatch_gaps_ms", "paired_rooms"]
 

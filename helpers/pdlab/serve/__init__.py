@@ -8,9 +8,9 @@ KV-connector config), ``deploy`` (colocated / xPyD deployments), ``proxy`` (the
 at import time.
 """
 
+from pdlab.process import PortInUseError, ServerStartError, free_port, live_processes, stop_all
 from pdlab.serve.deploy import Deployment, colocated, disaggregated, start_proxy
 from pdlab.serve.evidence import KVTransferEvidence, kv_transfer_evidence, scrape_metrics
-from pdlab.process import PortInUseError, ServerStartError, free_port, live_processes, stop_all
 from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, kv_transfer_config
 
 __all__ = [

@@ -167,6 +167,28 @@ def _mean_itl(records: Sequence[RequestRecord], start_s: float, end_s: float) ->
     return (float(gaps.mean()) if len(gaps) else float("nan")), int(len(gaps))
 
 
+def _decoding_together(url: str, b: int, p: int, output_tokens: int, *, seed: int, attempts: int = 3,
+                       **bench_kwargs: Any) -> tuple[list[float], list[float]]:
+    """Token gaps (s) of ``b`` concurrent ``p``-token streams while all decode, and each gap's
+    context (prompt + k tokens). A run whose gaps add up to 0 s — the client was descheduled and
+    read every token of the window in one burst, so its clock saw no steps — is sent again, up to
+    ``attempts`` times, then a RuntimeError names the problem (a 0 s step would reach the fit)."""
+    for attempt in range(attempts):
+        reqs = [Request(j, 0.0, int(p), int(output_tokens)) for j in range(int(b))]
+        recs = _bench(url, reqs, seed=seed + 7919 * attempt, **bench_kwargs)
+        start, end = decode_window(recs)
+        gaps: list[float] = []
+        ctx: list[float] = []
+        for rec in recs:
+            g, k = _window_gaps(rec, start, end)
+            gaps += list(g)
+            ctx += list(server_prompt_tokens(rec) + k)
+        if not gaps or sum(gaps) > 0:  # no gaps at all: the caller says the window was too short
+            return gaps, ctx
+    raise RuntimeError(f"decode probe b={b}, p={p}: in {attempts} runs the client read every token of the decode "
+                       f"window in one burst (0 s of gaps); the machine is too busy to time steps from the client")
+
+
 def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: int = 64, repeats: int = 2,
                  seed: int = 0, **bench_kwargs: Any) -> list[dict[str, float]]:
     """Decode points: ``b`` concurrent streams of ``p``-token prompts generating ``output_tokens``.
@@ -177,19 +199,16 @@ def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: i
     several steps (b·p above its ``--max-num-batched-tokens``) are outside the span, so mixed steps
     never enter. ``decode_ctx_tokens`` = b × the mean context of those steps: the gap from token
     k to k + 1 (k from 0) is the step that reads p + k tokens (the simulator's accounting,
-    :mod:`pdlab.sim.engine`).
+    :mod:`pdlab.sim.engine`). A repeat the client read in one burst is sent again
+    (:func:`_decoding_together`).
     """
     points = []
     for i, (b, p) in enumerate(pairs):
         gaps, ctx = [], []
         for r in range(repeats):
-            reqs = [Request(j, 0.0, int(p), int(output_tokens)) for j in range(int(b))]
-            recs = _bench(url, reqs, seed=seed + 1000 * i + r, **bench_kwargs)
-            start, end = decode_window(recs)
-            for rec in recs:
-                g, k = _window_gaps(rec, start, end)
-                gaps += list(g)
-                ctx += list(server_prompt_tokens(rec) + k)
+            g, c = _decoding_together(url, b, p, output_tokens, seed=seed + 1000 * i + r, **bench_kwargs)
+            gaps += g
+            ctx += c
         if len(gaps) < 2 * int(b):
             raise RuntimeError(f"decode probe b={b}, p={p}: the {b} streams decoded together for fewer than 2 "
                                f"steps; raise decode_tokens (now {output_tokens})")
@@ -241,12 +260,11 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
         return float(np.median([r.ttft_s for r in recs]))
 
     def decodes(tag: int) -> float:
-        reqs = [Request(i, 0.0, int(decode_prompt), int(decode_tokens)) for i in range(decode_streams)]
-        recs = _bench(decode_url, reqs, seed=seed + tag, **bench_kwargs)
-        step, _ = _mean_itl(recs, *decode_window(recs))
-        if not np.isfinite(step):
+        gaps, _ = _decoding_together(decode_url, decode_streams, decode_prompt, decode_tokens, seed=seed + tag,
+                                     **bench_kwargs)
+        if not gaps:
             raise RuntimeError("contention probe: the decode streams never decoded together; raise decode_tokens")
-        return step
+        return float(np.mean(gaps))
 
     def while_busy(background, measure) -> float:
         stop, errors = threading.Event(), []

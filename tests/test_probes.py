@@ -1,0 +1,100 @@
+"""Unit tests of pdlab.serve.probes without a server: the probes' arithmetic on scripted records
+(token times as a client would have seen them), the decode window, the burst retry, and merging
+prefill passes. The live probes run in lab 05 and tests/test_live.py."""
+
+from __future__ import annotations
+
+import pytest
+from pdlab.metrics import RequestRecord
+from pdlab.serve import probes
+
+
+def _stream(rid: int, prompt: int, first_s: float, step_s: float, tokens: int) -> RequestRecord:
+    """A finished stream whose tokens arrived every ``step_s`` seconds from ``first_s``."""
+    times = [first_s + k * step_s for k in range(tokens)]
+    return RequestRecord(rid, 0.0, prompt, tokens, first_token_s=times[0], finish_s=times[-1],
+                         token_times_s=times, extra={"server_prompt_tokens": prompt + 1})
+
+
+def _burst(rid: int, prompt: int, at_s: float, tokens: int) -> RequestRecord:
+    """A stream the client read in one burst: every token at the same instant."""
+    return RequestRecord(rid, 0.0, prompt, tokens, first_token_s=at_s, finish_s=at_s,
+                         token_times_s=[at_s] * tokens, extra={"server_prompt_tokens": prompt + 1})
+
+
+class _ScriptedBench:
+    """Stands in for probes._bench: returns the next scripted run and keeps what was asked."""
+
+    def __init__(self, runs):
+        self.runs, self.calls = list(runs), []
+
+    def __call__(self, url, requests, *, seed, max_concurrency=None, **kwargs):
+        self.calls.append((url, [(r.prompt_tokens, r.output_tokens) for r in requests], seed))
+        return self.runs.pop(0)
+
+
+def test_decode_window_is_last_first_token_to_first_finish():
+    recs = [_stream(0, 32, 0.10, 0.01, 10), _stream(1, 32, 0.13, 0.01, 10)]
+    assert probes.decode_window(recs) == pytest.approx((0.13, 0.19))
+
+
+def test_probe_decode_reads_the_step_and_context_inside_the_window(monkeypatch):
+    # two streams, 5 ms steps; the second starts 2 steps late, so the window holds 7 of its gaps
+    run = [_stream(0, 32, 0.100, 0.005, 12), _stream(1, 32, 0.110, 0.005, 12)]
+    bench = _ScriptedBench([run])
+    monkeypatch.setattr(probes, "_bench", bench)
+    (pt,) = probes.probe_decode("http://x", [(2, 32)], output_tokens=12, repeats=1)
+    assert pt["time_s"] == pytest.approx(0.005)
+    assert pt["decode_batch"] == 2 and pt["kind"] == "decode" and pt["prompt_tokens"] == 32
+    # window [0.110, 0.155]: stream 0 gaps k = 2..10, stream 1 gaps k = 0..8 (9 each); context = 33 + k
+    assert pt["samples"] == 18
+    assert pt["decode_ctx_tokens"] == pytest.approx(2 * (33 + (sum(range(2, 11)) + sum(range(0, 9))) / 18))
+    assert bench.calls[0][1] == [(32, 12), (32, 12)]
+
+
+def test_probe_decode_sends_a_burst_read_run_again(monkeypatch):
+    bench = _ScriptedBench([[_burst(0, 32, 0.5, 16)], [_stream(0, 32, 0.1, 0.004, 16)]])
+    monkeypatch.setattr(probes, "_bench", bench)
+    (pt,) = probes.probe_decode("http://x", [(1, 32)], output_tokens=16, repeats=1)
+    assert pt["time_s"] == pytest.approx(0.004) and pt["time_s"] > 0
+    assert len(bench.calls) == 2 and bench.calls[0][2] != bench.calls[1][2]  # a fresh seed on the retry
+
+
+def test_probe_decode_names_a_machine_that_only_ever_bursts(monkeypatch):
+    monkeypatch.setattr(probes, "_bench", _ScriptedBench([[_burst(0, 32, 0.5, 16)]] * 3))
+    with pytest.raises(RuntimeError, match="one burst"):
+        probes.probe_decode("http://x", [(1, 32)], output_tokens=16, repeats=1)
+
+
+def test_probe_decode_too_few_steps_together_is_a_clear_error(monkeypatch):
+    # the streams never overlap: the window is empty
+    run = [_stream(0, 32, 0.1, 0.005, 4), _stream(1, 32, 0.5, 0.005, 4)]
+    monkeypatch.setattr(probes, "_bench", _ScriptedBench([run]))
+    with pytest.raises(RuntimeError, match="fewer than 2 steps"):
+        probes.probe_decode("http://x", [(2, 32)], output_tokens=4, repeats=1)
+
+
+def test_probe_prefill_takes_the_median_ttft_per_server_length(monkeypatch):
+    def bench(url, requests, *, seed, max_concurrency=None, **kwargs):
+        assert max_concurrency == 1  # one prompt at a time
+        return [RequestRecord(r.request_id, 0.0, r.prompt_tokens, 1, first_token_s=r.prompt_tokens * 1e-4 + 0.01 * (i % 3),
+                              finish_s=1.0, extra={"server_prompt_tokens": r.prompt_tokens + 1})
+                for i, r in enumerate(requests)]
+
+    monkeypatch.setattr(probes, "_bench", bench)
+    pts = probes.probe_prefill("http://x", [100, 1000], repeats=3)
+    assert [p["prefill_tokens"] for p in pts] == [101, 1001]
+    assert all(p["samples"] == 3 and p["prefill_sq_tokens"] == p["prefill_tokens"] ** 2 for p in pts)
+    for p, n in zip(pts, (100, 1000), strict=True):
+        assert min(p["times_s"]) <= p["time_s"] <= max(p["times_s"])
+        assert p["time_s"] >= n * 1e-4
+
+
+def test_merge_prefill_points_keeps_each_pass_median_and_the_pooled_median():
+    a = [{"prefill_tokens": 16, "time_s": 0.010, "times_s": [0.009, 0.010, 0.011]}]
+    b = [{"prefill_tokens": 16, "time_s": 0.020, "times_s": [0.019, 0.020, 0.021]},
+         {"prefill_tokens": 256, "time_s": 0.050, "times_s": [0.050]}]
+    merged = {p["prefill_tokens"]: p for p in probes.merge_prefill_points(a, b)}
+    assert merged[16]["pass_medians_s"] == [0.010, 0.020] and merged[16]["samples"] == 6
+    assert merged[16]["time_s"] == pytest.approx(0.015)  # median of the six samples, not of the two medians
+    assert merged[256]["passes"] == 1 and merged[256]["time_s"] == 0.050
