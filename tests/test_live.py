@@ -58,17 +58,11 @@ def _post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def tiny_model() -> Path:
-    from pdlab.serve.modelbuild import tiny_model_dir
-
-    return tiny_model_dir()
-
-
-@pytest.fixture(scope="module")
 def deployment(tiny_model):
+    """1P1D over NIXL on the session's tiny model (``tiny_model`` in tests/conftest.py)."""
     before = _descendants(os.getpid())
     base = free_port()
-    dep = disaggregated(tiny_model, connector="nixl", proxy_port=base, prefill_port=free_port(),
+    dep = disaggregated(tiny_model.path, connector="nixl", proxy_port=base, prefill_port=free_port(),
                         decode_port=free_port(), side_channel_port=free_port(), proxy_read_timeout_s=60.0,
                         max_model_len=2048)
     with dep:

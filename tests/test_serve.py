@@ -568,12 +568,7 @@ def test_proxy_subprocess_starts_serves_and_leaves_nothing(tmp_path):
 
 
 # ---------------------------------------------------------------- model build and prompts
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from pdlab.serve.modelbuild import build_model
-
-    out = tmp_path_factory.mktemp("models") / "tiny"
-    return build_model("tiny", out)
+# ``tiny_model`` (a fresh ModelBuild of the tiny preset, once per session) is in tests/conftest.py.
 
 
 def test_tiny_model_folder(tiny_model):
