@@ -55,6 +55,78 @@ def test_percentiles_and_summary_keys():
         assert key in s
 
 
+def _four():
+    """Three finished requests and one failure; every derived number below is worked out by hand.
+
+    id  arrival  first  finish  out  TTFT  TPOT            E2E  ITL
+    0   0.0      0.2    1.0     5    0.2   0.8/4 = 0.2     1.0  0.2 0.2 0.2 0.2
+    1   1.0      1.4    2.0     3    0.4   0.6/2 = 0.3     1.0  0.3 0.3
+    2   2.0      2.6    4.0     2    0.6   1.4/1 = 1.4     2.0  1.4
+    3   3.0      failed
+    Duration: first arrival 0.0 → last finish 4.0 = 4.0 s.
+    """
+    return [rec(0, 0.0, 0.2, 1.0, 5, times=[0.2, 0.4, 0.6, 0.8, 1.0]),
+            rec(1, 1.0, 1.4, 2.0, 3, times=[1.4, 1.7, 2.0]),
+            rec(2, 2.0, 2.6, 4.0, 2, times=[2.6, 4.0]),
+            rec(3, 3.0, None, None, 4, ok=False)]
+
+
+def test_summary_values_by_hand():
+    # numpy's linear percentile of n sorted values: index p/100·(n − 1), interpolated
+    s = summarize(_four(), SLO(ttft_s=0.5, tpot_s=0.25), num_gpus=2)
+    expected = {
+        "requests": 4, "completed": 3, "failed": 1, "duration_s": 4.0,
+        "request_throughput_rps": 3 / 4.0, "output_token_throughput_tps": (5 + 3 + 2) / 4.0,
+        # TTFT 0.2, 0.4, 0.6: p90 at index 1.8 = 0.4 + 0.8·0.2; p99 at 1.98 = 0.4 + 0.98·0.2
+        "ttft_mean_s": 0.4, "ttft_p50_s": 0.4, "ttft_p90_s": 0.56, "ttft_p99_s": 0.596,
+        # TPOT 0.2, 0.3, 1.4: p90 = 0.3 + 0.8·1.1
+        "tpot_mean_s": 1.9 / 3, "tpot_p50_s": 0.3, "tpot_p90_s": 1.18,
+        # ITL pooled: 0.2 ×4, 0.3 ×2, 1.4 (7 gaps, sum 2.8); p90 at index 5.4 = 0.3 + 0.4·1.1
+        "itl_mean_s": 2.8 / 7, "itl_p50_s": 0.2, "itl_p90_s": 0.74,
+        # E2E 1.0, 1.0, 2.0: p90 = 1.0 + 0.8·1.0
+        "e2e_mean_s": 4 / 3, "e2e_p50_s": 1.0, "e2e_p90_s": 1.8,
+        # only request 0 meets TTFT ≤ 0.5 and TPOT ≤ 0.25 (1 breaks TPOT, 2 both, 3 failed)
+        "slo_attainment": 1 / 4, "goodput_rps": 1 / 4.0, "per_gpu_goodput_rps": 1 / 4.0 / 2,
+    }
+    for key, value in expected.items():
+        assert s[key] == pytest.approx(value), key
+
+
+def test_summary_without_slo_has_no_attainment_and_nan_when_nothing_finished():
+    s = summarize(_four())
+    assert "slo_attainment" not in s and "goodput_rps" not in s and "per_gpu_goodput_rps" not in s
+    empty = summarize([rec(0, 0.0, None, None, 3, ok=False)], SLO(ttft_s=1.0), num_gpus=1)
+    assert (empty["completed"], empty["failed"], empty["slo_attainment"]) == (0, 1, 0.0)
+    for key in ("duration_s", "request_throughput_rps", "ttft_mean_s", "ttft_p50_s", "goodput_rps"):
+        assert math.isnan(empty[key]), key
+
+
+def test_e2e_slo_is_checked_inclusive_of_the_bound():
+    records = _four()
+    # E2E 1.0, 1.0, 2.0, failed: ≤ 1.0 passes (the check is "> slo fails")
+    assert [meets_slo(r, SLO(e2e_s=1.0)) for r in records] == [True, True, False, False]
+    assert slo_attainment(records, SLO(e2e_s=1.5)) == pytest.approx(2 / 4)
+    assert slo_attainment(records, SLO(e2e_s=2.0)) == pytest.approx(3 / 4)
+    # request 2 meets TTFT (0.6 ≤ 1.0) but not E2E (2.0 > 1.5): the E2E objective alone rejects it
+    assert slo_attainment(records, SLO(ttft_s=1.0)) == pytest.approx(3 / 4)
+    assert slo_attainment(records, SLO(ttft_s=1.0, e2e_s=1.5)) == pytest.approx(2 / 4)
+    assert list(attainment_curve(records, "e2e", [0.5, 1.0, 2.0])) == pytest.approx([0.0, 0.5, 0.75])
+    assert math.isnan(slo_attainment([], SLO(e2e_s=1.0)))
+
+
+def test_goodput_with_an_explicit_duration():
+    records = _four()
+    slo = SLO(e2e_s=1.5)                                           # requests 0 and 1 meet it
+    assert goodput_rps(records, slo) == pytest.approx(2 / 4.0)     # default: first arrival → last finish
+    assert goodput_rps(records, slo, duration_s=10.0) == pytest.approx(2 / 10.0)
+    assert goodput_rps(records, slo, duration_s=0.5) == pytest.approx(2 / 0.5)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        assert math.isnan(goodput_rps(records, slo, duration_s=bad)), bad
+    assert math.isnan(goodput_rps([rec(0, 0.0, None, None, 3, ok=False)], slo))  # nothing finished: no duration
+    with pytest.raises(ValueError, match="num_gpus"):
+        per_gpu_goodput_rps(1.0, 0)
+
+
 @pytest.mark.parametrize("bad", [dict(ttft_s=0), dict(tpot_s=-1), dict(ttft_s=float("nan")), dict(e2e_s="1"), {}])
 def test_invalid_slo_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="SLO"):
