@@ -70,7 +70,7 @@ def test_conservation(mode, kw):
 def test_multi_step_decode_plans_equal_step_by_step(monkeypatch, mode):
     kw = dict(prefill=1, decode=1, link="ib-hdr") if mode == "disaggregated" else dict(instances=2)
     fast = simulate(REQS[:150], mode, "a100-80gb", "opt-13b", **kw)
-    monkeypatch.setattr(sim_state, "_MAX_PLAN_STEPS", 1)
+    monkeypatch.setattr(sim_state, "MAX_PLAN_STEPS", 1)
     slow = simulate(REQS[:150], mode, "a100-80gb", "opt-13b", **kw)
     for f, s in zip(fast.records, slow.records, strict=True):
         assert f.first_token_s == pytest.approx(s.first_token_s, rel=1e-9)
@@ -364,12 +364,12 @@ def test_cpu_contention_slows_iterations_of_instances_sharing_cores():
     assert sorted(r.ttft_s for r in shared.records) == pytest.approx([0.1, 0.15])
     assert all(s.tpot_s > a.tpot_s for s, a in zip(shared.records, alone.records, strict=True))
     # same answer as a step-by-step simulation (the plans are re-cut when a peer's state changes)
-    old = sim_state._MAX_PLAN_STEPS
+    old = sim_state.MAX_PLAN_STEPS
     try:
-        sim_state._MAX_PLAN_STEPS = 1
+        sim_state.MAX_PLAN_STEPS = 1
         step = run(0.5)
     finally:
-        sim_state._MAX_PLAN_STEPS = old
+        sim_state.MAX_PLAN_STEPS = old
     _assert_same_records(shared, step)
     with pytest.raises(ValueError, match="cpu_contention"):
         InstanceSpec(lat, 10, cpu_contention=-1)
@@ -403,10 +403,10 @@ def test_admit_overhead_stretches_the_decode_step_that_admits_a_handoff():
 
 def test_engine_prefix_lru_equals_kvcache_lru():
     from pdlab.kvcache import LRUBlockCache
-    from pdlab.sim.state import _PrefixLRU
+    from pdlab.sim.state import PrefixLRU
 
     rng = np.random.default_rng(3)
-    fast, ref = _PrefixLRU(40), LRUBlockCache(40)
+    fast, ref = PrefixLRU(40), LRUBlockCache(40)
     for _ in range(300):
         ids = [int(x) for x in rng.integers(0, 90, size=rng.integers(1, 12))]
         assert fast.match(ids) == ref.match(ids)
@@ -416,12 +416,12 @@ def test_engine_prefix_lru_equals_kvcache_lru():
 
 
 def test_closed_form_plan_counts_steps_like_a_cumulative_sum():
-    from pdlab.sim.state import _Plan
+    from pdlab.sim.state import BatchPlan
 
     lat = roofline_latency("h100-sxm", "llama-3-70b", tp=4)
     rng = np.random.default_rng(0)
     for n, ctx0, k in [(1, 100, 512), (8, 50_000, 300), (64, 2_000_000, 512), (3, 10, 2)]:
-        plan = _Plan(lat.decode_affine(n), ctx0, n, k, 1.0)
+        plan = BatchPlan(lat.decode_affine(n), ctx0, n, k, 1.0)
         ends = np.cumsum(lat.decode_times_s(n, ctx0 + n * np.arange(k)))
         assert plan.elapsed_all(k) == pytest.approx(ends, rel=1e-12)
         for t in list(rng.uniform(0, ends[-1] * 1.1, 50)) + list(ends[:5]):

@@ -9,14 +9,14 @@
   load of every instance, asks the routing policy for a target and picks, inside that pool, the
   instance with the fewest queued prefill tokens (decode instances are chosen later by the
   simulator's decode dispatch, least loaded);
-- finished requests feed the output predictor (:meth:`RoutedSimulator._finished`);
+- finished requests feed the output predictor (:meth:`RoutedSimulator.on_request_finished`);
 - optional **prefix caching** is the engine's own (``InstanceSpec.prefix_caching``: an LRU of
   prefix blocks per colocated or prefill instance, filled on admission). The KV is still held in
   full and transferred in full (vLLM's NIXL decode side could skip blocks it caches itself; not
   modelled).
 
 It uses only the engine's public extension points: ``Simulator.mixed_roles``, the dispatch
-policy, the ``_finished`` hook and the per-spec prefix cache.
+policy, the ``on_request_finished`` hook and the per-spec prefix cache.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from pdlab.router.policies import (
 from pdlab.sim.cluster import ClusterSpec, PoolSpec, build_cluster
 from pdlab.sim.dispatch import DispatchPolicy
 from pdlab.sim.engine import Instance, InstanceSpec, KVLink, SimResult, Simulator
+from pdlab.sim.state import SimRequest
 from pdlab.workloads import Request
 
 __all__ = ["RouterDispatch", "RoutedSimulator", "build_routed_simulator", "simulate_routed", "first_block_key"]
@@ -84,7 +85,7 @@ class RouterDispatch(DispatchPolicy):
     def _shortest(pool: Sequence[Instance]) -> Instance:
         return min(pool, key=lambda i: (i.queued_tokens, i.queue_len, i.num_running))
 
-    def choose(self, instances: Sequence[Any], request: Any, now: float) -> int:
+    def choose(self, instances: Sequence[Any], request: SimRequest, now: float) -> int:
         req = request.req
         key = self.key(req)
         rr = RouteRequest(req.prompt_tokens, self.predictor.predict(req.prompt_tokens, key), key)
@@ -129,8 +130,8 @@ class RoutedSimulator(Simulator):
         if isinstance(self.dispatch, RouterDispatch):
             self.dispatch.sim = self
 
-    def _finished(self, r: Any, now: float) -> None:
-        super()._finished(r, now)
+    def on_request_finished(self, r: SimRequest, now: float) -> None:
+        super().on_request_finished(r, now)
         if isinstance(self.dispatch, RouterDispatch) and r.finish is not None and not r.error:
             self.dispatch.predictor.observe(r.prompt, r.output, self.dispatch.key(r.req))
 

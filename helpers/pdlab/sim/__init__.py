@@ -44,11 +44,12 @@ from pdlab.sim.latency import (
     save_profile,
 )
 from pdlab.sim.sources import GammaSource, ListSource, PoissonSource, Source, TraceSource
+from pdlab.sim.state import SimRequest
 
 __all__ = [
     "MODES", "ClusterSpec", "PoolSpec", "build_cluster", "build_simulator", "simulate",
     "DispatchPolicy", "RoundRobin", "ShortestQueue", "LeastLoaded", "DISPATCH_POLICIES", "make_dispatch",
-    "InstanceSpec", "KVLink", "SimResult", "Simulator", "HANDOFF_RESERVATIONS", "LINK_SHARING",
+    "InstanceSpec", "KVLink", "SimResult", "Simulator", "SimRequest", "HANDOFF_RESERVATIONS", "LINK_SHARING",
     "LatencyModel", "RooflineLatency", "FittedLatency", "ConstantLatency", "roofline_latency", "fit_latency",
     "sample_points", "load_profile", "save_profile", "kv_capacity_tokens",
     "Source", "TraceSource", "PoissonSource", "GammaSource", "ListSource",

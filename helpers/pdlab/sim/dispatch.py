@@ -1,6 +1,8 @@
 """Dispatch policies: which instance of a pool receives a request.
 
-A policy is an object with ``choose(instances, request, now) -> index``. The simulator uses one
+A policy is an object with ``choose(instances, request, now) -> index``; ``request`` is the
+simulator's :class:`pdlab.sim.state.SimRequest` (its :class:`~pdlab.workloads.Request` is
+``request.req``). The simulator uses one
 for arriving requests (colocated or prefill pool) and one for prefilled requests (decode pool).
 Instances expose ``queue_len`` (requests waiting to be admitted), ``num_running`` and
 ``load_fraction`` (KV tokens held and queued / KV capacity). Ties go to the lowest index, so the
@@ -15,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pdlab.sim.state import SimRequest
+
 __all__ = ["DispatchPolicy", "RoundRobin", "ShortestQueue", "LeastLoaded", "DISPATCH_POLICIES", "make_dispatch"]
 
 
@@ -26,7 +30,7 @@ class DispatchPolicy:
     def reset(self) -> None:
         """Forget state from a previous run."""
 
-    def choose(self, instances: Sequence[Any], request: Any, now: float) -> int:
+    def choose(self, instances: Sequence[Any], request: SimRequest, now: float) -> int:
         raise NotImplementedError
 
 
@@ -41,7 +45,7 @@ class RoundRobin(DispatchPolicy):
     def reset(self) -> None:
         self._next = 0
 
-    def choose(self, instances: Sequence[Any], request: Any, now: float) -> int:
+    def choose(self, instances: Sequence[Any], request: SimRequest, now: float) -> int:
         i = self._next % len(instances)
         self._next += 1
         return i
@@ -52,7 +56,7 @@ class ShortestQueue(DispatchPolicy):
 
     name = "shortest_queue"
 
-    def choose(self, instances: Sequence[Any], request: Any, now: float) -> int:
+    def choose(self, instances: Sequence[Any], request: SimRequest, now: float) -> int:
         return min(range(len(instances)), key=lambda i: (instances[i].queue_len, instances[i].num_running, i))
 
 
@@ -61,7 +65,7 @@ class LeastLoaded(DispatchPolicy):
 
     name = "least_loaded"
 
-    def choose(self, instances: Sequence[Any], request: Any, now: float) -> int:
+    def choose(self, instances: Sequence[Any], request: SimRequest, now: float) -> int:
         return min(range(len(instances)), key=lambda i: (instances[i].load_fraction, i))
 
 

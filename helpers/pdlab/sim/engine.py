@@ -49,7 +49,7 @@ from pdlab.metrics import RequestRecord
 from pdlab.sim.dispatch import DispatchPolicy, make_dispatch
 from pdlab.sim.instance import Instance
 from pdlab.sim.spec import HANDOFF_RESERVATIONS, LINK_SHARING, ROLES, SCHEDULERS, InstanceSpec, KVLink
-from pdlab.sim.state import _DONE, _JOIN, _LINK, _STAGE, _XFER, _Req
+from pdlab.sim.state import EV_DONE, EV_JOIN, EV_LINK, EV_STAGE, EV_XFER, SimRequest
 from pdlab.workloads import Request
 
 __all__ = ["InstanceSpec", "KVLink", "Instance", "Simulator", "SimResult", "ROLES", "SCHEDULERS",
@@ -134,23 +134,28 @@ class Simulator:
         self.link = link
         self.record_token_times = record_token_times
 
-    # -- event queue --------------------------------------------------------------------------------
-    def _push(self, t: float, kind: int, a: Any, b: Any) -> None:
+    # -- the interface instances use ------------------------------------------------------------------
+    def push(self, t: float, kind: int, a: Any, b: Any) -> None:
+        """Schedule an event of ``kind`` (:data:`pdlab.sim.state.EV_DONE` …) at ``t`` with payload
+        ``(a, b)``; equal times keep push order."""
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, a, b))
 
-    def _finished(self, r: _Req, now: float) -> None:
+    def on_request_finished(self, r: SimRequest, now: float) -> None:
+        """Hook: ``r`` has ended at ``now``, finished (``r.finish`` set) or failed (``r.error``).
+        Subclasses that override it call ``super().on_request_finished``."""
         self._done += 1
 
-    def _prefill_done(self, src: Instance, r: _Req, now: float) -> None:
+    def prefill_done(self, src: Instance, r: SimRequest, now: float) -> None:
+        """Prefill instance ``src`` has prefilled ``r``: choose its decode instance and queue the KV pull."""
         i = self.decode_dispatch.choose(self.decode, r, now)
         dst = self.decode[i]
         r.dec_inst = dst
         dst.queued_tokens += r.kv
         self._pending_pulls[dst.name].append((src, r))
-        self._start_pulls(dst, now)
+        self.start_pulls(dst, now)
 
-    def _start_pulls(self, dst: Instance, now: float) -> None:
+    def start_pulls(self, dst: Instance, now: float) -> None:
         """Decode instances pull KV (DistServe §4.3) when they have room, first come first served
         (see ``InstanceSpec.handoff_reservation``)."""
         q = self._pending_pulls[dst.name]
@@ -161,10 +166,10 @@ class Simulator:
             if need > dst.capacity:
                 q.popleft()
                 dst.queued_tokens -= need
-                src._release(r)
+                src.release(r)
                 src.wake(now)
                 r.error = f"context of {need} tokens exceeds the KV capacity of {dst.name} ({dst.capacity} tokens)"
-                self._finished(r, now)
+                self.on_request_finished(r, now)
                 continue
             if mode == "none":
                 r.staged = True         # lands in host memory; GPU room is taken when it joins the batch
@@ -178,27 +183,27 @@ class Simulator:
             q.popleft()
             self._start_transfer(src, r, need, now)
 
-    def _start_transfer(self, src: Instance, r: _Req, tokens: int, now: float) -> None:
+    def _start_transfer(self, src: Instance, r: SimRequest, tokens: int, now: float) -> None:
         link = self.link
         if link is None:
             r.xfer_start = r.xfer_end = now
-            self._push(now, _XFER, src, r)
+            self.push(now, EV_XFER, src, r)
             return
         if link.sharing == "fifo":
             start = max(now, self._link_free[src.name])
             end = start + link.transfer_s(tokens, r.last_prefill_s)
             self._link_free[src.name] = end
             r.xfer_start, r.xfer_end = start, end
-            self._push(end, _XFER, src, r)
+            self.push(end, EV_XFER, src, r)
             return
         r.xfer_start = now
         work = link.wire_s(tokens, r.last_prefill_s)
         if link.setup_s > 0:
-            self._push(now + link.setup_s, _JOIN, src, (r, work))
+            self.push(now + link.setup_s, EV_JOIN, src, (r, work))
         else:
             self._join_link(src, r, work, now)
 
-    def _join_link(self, src: Instance, r: _Req, work: float, now: float) -> None:
+    def _join_link(self, src: Instance, r: SimRequest, work: float, now: float) -> None:
         sl = self._shared[src.name]
         sl.advance(now)
         sl.seq += 1
@@ -208,7 +213,7 @@ class Simulator:
     def _reschedule_link(self, src: Instance, sl: _SharedLink) -> None:
         sl.version += 1
         if sl.heap:
-            self._push(sl.next_finish(), _LINK, src, sl.version)
+            self.push(sl.next_finish(), EV_LINK, src, sl.version)
 
     def _link_event(self, src: Instance, version: int, now: float) -> None:
         sl = self._shared[src.name]
@@ -225,9 +230,9 @@ class Simulator:
         lat = self.link.latency_s
         for r in done:
             r.xfer_end = now + lat
-            self._push(now + lat, _XFER, src, r)
+            self.push(now + lat, EV_XFER, src, r)
 
-    def _kv_arrived(self, src: Instance, r: _Req, now: float) -> None:
+    def _kv_arrived(self, src: Instance, r: SimRequest, now: float) -> None:
         src.hand_over_kv(r, now)
         r.dec_inst.enqueue(r, now)
 
@@ -265,7 +270,7 @@ class Simulator:
         self._link_free = {i.name: 0.0 for i in self.front}
         self._shared = {i.name: _SharedLink() for i in self.front}
         record = self.record_token_times
-        states = [_Req(r, record) for r in requests]
+        states = [SimRequest(r, record) for r in requests]
         order = sorted(states, key=lambda s: (s.arrival, s.req.request_id))
         # arrivals are read from the sorted list, merged with the event heap by time (an arrival
         # goes first on equal times, as it would with the smaller sequence number)
@@ -293,15 +298,15 @@ class Simulator:
             if t > horizon:
                 break
             now = t
-            if kind == _DONE:
+            if kind == EV_DONE:
                 a.complete(b, t)
-            elif kind == _XFER:
+            elif kind == EV_XFER:
                 self._kv_arrived(a, b, t)
-            elif kind == _STAGE:
+            elif kind == EV_STAGE:
                 a.try_schedule(t)
-            elif kind == _LINK:
+            elif kind == EV_LINK:
                 self._link_event(a, b, t)
-            elif kind == _JOIN:
+            elif kind == EV_JOIN:
                 self._join_link(a, b[0], b[1], t)
         records = [self._record(s) for s in states]
         infos = []
@@ -315,7 +320,7 @@ class Simulator:
             infos.append(info)
         return SimResult(records, time.perf_counter() - t0, sum(i.num_gpus for i in self.instances), infos, now)
 
-    def _record(self, s: _Req) -> RequestRecord:
+    def _record(self, s: SimRequest) -> RequestRecord:
         ok = not s.error and s.finish is not None
         error = s.error or ("" if ok else "unfinished when the simulation ended")
         extra: dict[str, Any] = {}

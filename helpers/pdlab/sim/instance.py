@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pdlab.sim import state as _state
+from pdlab.sim import state as sim_state
 from pdlab.sim.latency import LatencyModel
 from pdlab.sim.spec import InstanceSpec
-from pdlab.sim.state import _DONE, _STAGE, _Batch, _Plan, _PrefixLRU, _Req
+from pdlab.sim.state import EV_DONE, EV_STAGE, Batch, BatchPlan, PrefixLRU, SimRequest
 
 if TYPE_CHECKING:
     from pdlab.sim.engine import Simulator
@@ -76,11 +76,11 @@ class Instance:
         self.pp = max(1, int(getattr(spec.latency, "pp", 1)))
         self.capacity = int(spec.kv_capacity_tokens)
         self.kv_used = 0
-        self.waiting: deque[_Req] = deque()      # to prefill (colocated/prefill) or KV arrived (decode)
-        self.prefilling: list[_Req] = []         # chunked: admitted, partly prefilled
-        self.running: list[_Req] = []            # decoding, in admission order
-        self.swapped: deque[_Req] = deque()      # decode role: preempted, waiting for memory
-        self.inflight: list[_Batch] = []
+        self.waiting: deque[SimRequest] = deque()      # to prefill (colocated/prefill) or KV arrived (decode)
+        self.prefilling: list[SimRequest] = []         # chunked: admitted, partly prefilled
+        self.running: list[SimRequest] = []            # decoding, in admission order
+        self.swapped: deque[SimRequest] = deque()      # decode role: preempted, waiting for memory
+        self.inflight: list[Batch] = []
         self.stage_free_at = 0.0
         self.iterations = 0
         self.preemptions = 0
@@ -88,14 +88,14 @@ class Instance:
         self.queued_tokens = 0
         self._affine = _has_affine(spec.latency)
         self._plain_vllm = spec.scheduler == "vllm" or self.role == "prefill"
-        self.prefix_cache: _PrefixLRU | None = None
+        self.prefix_cache: PrefixLRU | None = None
         self.block_tokens = spec.prefix_block_tokens
         self.hit_tokens = 0
         self.prompt_tokens_seen = 0
         if spec.prefix_caching and self.role != "decode":
-            self.prefix_cache = _PrefixLRU(max(1, self.capacity // self.block_tokens))
+            self.prefix_cache = PrefixLRU(max(1, self.capacity // self.block_tokens))
         self.cpu_peers: list[Instance] = []      # other instances of the same cpu_group (set by the simulator)
-        self._counted_busy = False               # busy as seen by cpu_peers
+        self.busy_for_peers = False              # busy as seen by cpu_peers (read by their slowdown)
         self.admit_debt = 0.0                    # decode role: admit_overhead_s of requests admitted since the last step
 
     # -- state seen by dispatch policies ----------------------------------------------------------
@@ -116,7 +116,7 @@ class Instance:
         return self.spec.num_gpus
 
     # -- entry points -----------------------------------------------------------------------------
-    def enqueue(self, r: _Req, now: float) -> None:
+    def enqueue(self, r: SimRequest, now: float) -> None:
         """A request reaches this instance (to prefill, or with its KV arrived for decode)."""
         r.inst = self.name
         self.waiting.append(r)
@@ -138,7 +138,7 @@ class Instance:
         elif self.stage_free_at <= now and len(self.inflight) < self.pp:
             self.try_schedule(now)
 
-    def _truncate(self, b: _Batch, keep: int) -> None:
+    def _truncate(self, b: Batch, keep: int) -> None:
         drop = b.n_steps - keep
         self.kv_used -= drop * len(b.decodes)
         for r in b.decodes:
@@ -146,18 +146,18 @@ class Instance:
         b.valid = False
         self.iterations -= drop
         if b.plan is not None:
-            nb = _Batch(b.prefill, b.decodes, b.start, None, b.plan.elapsed(keep), b.plan, keep)
+            nb = Batch(b.prefill, b.decodes, b.start, None, b.plan.elapsed(keep), b.plan, keep)
         else:
-            nb = _Batch(b.prefill, b.decodes, b.start, b.ends[:keep], float(b.ends[keep - 1] - b.start))
+            nb = Batch(b.prefill, b.decodes, b.start, b.ends[:keep], float(b.ends[keep - 1] - b.start))
         self.busy_s -= b.duration - nb.duration
         self.inflight[0] = nb
         self.stage_free_at = nb.end
-        self.sim._push(nb.end, _DONE, self, nb)
+        self.sim.push(nb.end, EV_DONE, self, nb)
 
     # -- CPU sharing --------------------------------------------------------------------------------
     def _slowdown(self) -> float:
         """Iteration-time factor from busy instances that share this one's CPU cores."""
-        busy = sum(1 for p in self.cpu_peers if p._counted_busy)
+        busy = sum(1 for p in self.cpu_peers if p.busy_for_peers)
         return 1.0 + self.spec.cpu_contention * busy
 
     def _busy_changed(self, now: float) -> None:
@@ -177,32 +177,32 @@ class Instance:
             self.busy_s += b.duration
             if self.pp == 1:
                 self.stage_free_at = b.end
-                self.sim._push(b.end, _DONE, self, b)
+                self.sim.push(b.end, EV_DONE, self, b)
             else:
                 self.stage_free_at = now + b.duration / self.pp
-                self.sim._push(b.end, _DONE, self, b)
-                self.sim._push(self.stage_free_at, _STAGE, self, None)
+                self.sim.push(b.end, EV_DONE, self, b)
+                self.sim.push(self.stage_free_at, EV_STAGE, self, None)
                 break
-        if self.cpu_peers and self.inflight and not self._counted_busy:
-            self._counted_busy = True
+        if self.cpu_peers and self.inflight and not self.busy_for_peers:
+            self.busy_for_peers = True
             self._busy_changed(now)
 
-    def _fail(self, r: _Req, now: float, why: str) -> None:
+    def _fail(self, r: SimRequest, now: float, why: str) -> None:
         r.error = why
         r.finish = None
-        self.sim._finished(r, now)
+        self.sim.on_request_finished(r, now)
 
-    def cached_prefix_tokens(self, r: _Req) -> int:
+    def cached_prefix_tokens(self, r: SimRequest) -> int:
         """Tokens of ``r``'s prompt found in this instance's prefix cache (no side effects)."""
         cache = self.prefix_cache
         if cache is None or not r.req.hash_ids:
             return 0
         return max(0, min(cache.match(r.req.hash_ids) * self.block_tokens, r.target - 1))
 
-    def _admit_prefills(self, now: float, budget: int, max_new: int) -> list[tuple[_Req, int]]:
+    def _admit_prefills(self, now: float, budget: int, max_new: int) -> list[tuple[SimRequest, int]]:
         """FCFS admission from ``waiting``: KV for the whole prefill target must fit. With prefix
         caching the prefill starts after the cached prefix."""
-        items: list[tuple[_Req, int]] = []
+        items: list[tuple[SimRequest, int]] = []
         waiting = self.waiting
         cache = self.prefix_cache
         plain = self._plain_vllm
@@ -236,7 +236,7 @@ class Instance:
             max_new -= 1
         return items
 
-    def _ensure_decode_room(self, now: float, decodes: list[_Req]) -> list[_Req]:
+    def _ensure_decode_room(self, now: float, decodes: list[SimRequest]) -> list[SimRequest]:
         """Make room for one more token per decode: fail requests that can never fit, give back
         partial prefills, then preempt the most recently admitted running requests."""
         while decodes and self.kv_used + len(decodes) > self.capacity:
@@ -244,7 +244,7 @@ class Instance:
             if victim.kv + 1 > self.capacity:
                 decodes.pop()
                 self.running.remove(victim)
-                self._release(victim)
+                self.release(victim)
                 self._fail(victim, now, f"context of {victim.prompt + victim.generated} tokens exceeds the KV "
                                         f"capacity of {self.name} ({self.capacity} tokens)")
                 continue
@@ -259,7 +259,7 @@ class Instance:
             self._preempt(victim)
         return decodes
 
-    def _requeue(self, r: _Req) -> None:
+    def _requeue(self, r: SimRequest) -> None:
         self.kv_used -= r.kv
         r.kv = 0
         r.prefilled = 0
@@ -268,7 +268,7 @@ class Instance:
         self.waiting.appendleft(r)
         self.queued_tokens += r.target
 
-    def _preempt(self, r: _Req) -> None:
+    def _preempt(self, r: SimRequest) -> None:
         if self.role == "decode":       # swap out: KV leaves the GPU, comes back when memory frees
             self.kv_used -= r.kv
             r.preemptions += 1
@@ -278,7 +278,7 @@ class Instance:
             r.target = r.prompt + r.generated
             self._requeue(r)
 
-    def _admit_decodes(self, free_decodes: list[_Req]) -> None:
+    def _admit_decodes(self, free_decodes: list[SimRequest]) -> None:
         """Decode role: swapped-out requests first, then requests whose KV arrived."""
         spec = self.spec
         running = self.running
@@ -302,12 +302,24 @@ class Instance:
             self.admit_debt += spec.admit_overhead_s
             free_decodes.append(r)
 
-    def _form_batch(self, now: float) -> _Batch | None:
+    def _form_batch(self, now: float) -> Batch | None:
+        """The next iteration (or planned run of decode iterations), costed; None when idle."""
+        prefill, decodes = self._select_work(now)
+        if not prefill and not decodes:
+            return None
+        slow = self._slowdown() if self.cpu_peers else 1.0
+        if prefill:
+            return self._prefill_batch(now, prefill, decodes, slow)
+        return self._decode_batch(now, decodes, slow)
+
+    def _select_work(self, now: float) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]]:
+        """Batch formation by role and scheduler: the prefill chunks and the decodes of the next
+        iteration (admits, fails and preempts requests as needed)."""
         spec = self.spec
         role = self.role
         free_decodes = [r for r in self.running if not r.busy] if self.pp > 1 else list(self.running)
-        prefill: list[tuple[_Req, int]] = []
-        decodes: list[_Req] = []
+        prefill: list[tuple[SimRequest, int]] = []
+        decodes: list[SimRequest] = []
         if role == "decode":
             if self.swapped or self.waiting:
                 self._admit_decodes(free_decodes)
@@ -320,43 +332,52 @@ class Instance:
                 decodes = self._ensure_decode_room(now, free_decodes)
         else:  # chunked, stall-free: decodes, ongoing prefills, new prefills
             decodes = self._ensure_decode_room(now, free_decodes)
-            budget = spec.token_budget - len(decodes)
-            for r in self.prefilling:
-                if budget <= 0:
-                    break
-                if r.busy:
-                    continue
-                chunk = min(r.target - r.prefilled, budget)
-                prefill.append((r, chunk))
-                budget -= chunk
-            if budget > 0:
-                new = self._admit_prefills(now, budget, spec.max_num_seqs - len(self.running) - len(self.prefilling))
-                self.prefilling.extend(r for r, _ in new)
-                prefill.extend(new)
-        if not prefill and not decodes:
-            return None
-        slow = self._slowdown() if self.cpu_peers else 1.0
+            prefill = self._chunked_prefills(now, spec.token_budget - len(decodes))
+        return prefill, decodes
+
+    def _chunked_prefills(self, now: float, budget: int) -> list[tuple[SimRequest, int]]:
+        """Sarathi-Serve: chunks of the ongoing prefills, then new prompts, within ``budget`` tokens."""
+        prefill: list[tuple[SimRequest, int]] = []
+        for r in self.prefilling:
+            if budget <= 0:
+                break
+            if r.busy:
+                continue
+            chunk = min(r.target - r.prefilled, budget)
+            prefill.append((r, chunk))
+            budget -= chunk
+        if budget > 0:
+            new = self._admit_prefills(now, budget, self.spec.max_num_seqs - len(self.running) - len(self.prefilling))
+            self.prefilling.extend(r for r, _ in new)
+            prefill.extend(new)
+        return prefill
+
+    def _prefill_batch(self, now: float, prefill: list[tuple[SimRequest, int]], decodes: list[SimRequest],
+                       slow: float) -> Batch:
+        """One iteration with prefill chunks (and the decodes riding along), costed."""
         n_dec = len(decodes)
-        if prefill:
-            p_tokens = 0
-            p_sq = 0
-            for r, c in prefill:
-                r.busy = True
-                p_tokens += c
-                p_sq += c * (2 * r.prefilled + c)
-            ctx = 0
-            for r in decodes:
-                ctx += r.kv
-                r.kv += 1
-                r.busy = True
-            self.kv_used += n_dec
-            t = self.latency.step_time_s(p_tokens, float(p_sq), n_dec, ctx)
-            return _Batch(prefill, decodes, now, None, t * slow if slow != 1.0 else t)
-        # pure decode: plan several steps when nothing else can join until a request finishes
+        p_tokens = 0
+        p_sq = 0
+        for r, c in prefill:
+            r.busy = True
+            p_tokens += c
+            p_sq += c * (2 * r.prefilled + c)
+        ctx = 0
+        for r in decodes:
+            ctx += r.kv
+            r.kv += 1
+            r.busy = True
+        self.kv_used += n_dec
+        t = self.latency.step_time_s(p_tokens, float(p_sq), n_dec, ctx)
+        return Batch(prefill, decodes, now, None, t * slow if slow != 1.0 else t)
+
+    def _decode_batch(self, now: float, decodes: list[SimRequest], slow: float) -> Batch:
+        """Pure decode: plan several steps when nothing else can join until a request finishes."""
+        n_dec = len(decodes)
         ctx = 0
         k = 1
         if self.pp == 1:
-            remaining = _state._MAX_PLAN_STEPS
+            remaining = sim_state.MAX_PLAN_STEPS
             for r in decodes:
                 ctx += r.kv
                 left = r.output - r.generated
@@ -375,18 +396,18 @@ class Instance:
             t = self.latency.step_time_s(0, 0.0, n_dec, ctx)
             t = (t * slow if slow != 1.0 else t) + self.admit_debt
             self.admit_debt = 0.0
-            return _Batch([], decodes, now, None, t)
+            return Batch([], decodes, now, None, t)
         if self._affine:
-            plan = _Plan(self.latency.decode_affine(n_dec), ctx, n_dec, k, slow)
-            return _Batch([], decodes, now, None, plan.elapsed(k), plan, k)
+            plan = BatchPlan(self.latency.decode_affine(n_dec), ctx, n_dec, k, slow)
+            return Batch([], decodes, now, None, plan.elapsed(k), plan, k)
         steps = self.latency.decode_times_s(n_dec, ctx + n_dec * np.arange(k))
         if slow != 1.0:
             steps = steps * slow
         ends = now + np.cumsum(steps)
-        return _Batch([], decodes, now, ends, float(ends[-1] - now))
+        return Batch([], decodes, now, ends, float(ends[-1] - now))
 
     # -- completion -------------------------------------------------------------------------------
-    def complete(self, b: _Batch, now: float) -> None:
+    def complete(self, b: Batch, now: float) -> None:
         if not b.valid:
             return
         inflight = self.inflight
@@ -409,20 +430,20 @@ class Instance:
                 else:
                     r.times.append(now)
             if r.generated >= r.output:
-                self._release(r)
+                self.release(r)
                 self.running.remove(r)
                 r.finish = now
-                sim._finished(r, now)
+                sim.on_request_finished(r, now)
         if b.prefill:
             self._complete_prefill(b, now)
         if self.role == "decode":
-            sim._start_pulls(self, now)
+            sim.start_pulls(self, now)
         self.try_schedule(now)
-        if self.cpu_peers and not self.inflight and self._counted_busy:
-            self._counted_busy = False
+        if self.cpu_peers and not self.inflight and self.busy_for_peers:
+            self.busy_for_peers = False
             self._busy_changed(now)
 
-    def _complete_prefill(self, b: _Batch, now: float) -> None:
+    def _complete_prefill(self, b: Batch, now: float) -> None:
         sim = self.sim
         for r, chunk in b.prefill:
             r.busy = False
@@ -440,20 +461,21 @@ class Instance:
             if r.times is not None:
                 r.times.append(now)
             if r.generated >= r.output:
-                self._release(r)
+                self.release(r)
                 r.finish = now
-                sim._finished(r, now)
+                sim.on_request_finished(r, now)
             elif self.role == "prefill":
                 r.prefill_inst = self.name
-                sim._prefill_done(self, r, now)
+                sim.prefill_done(self, r, now)
             else:
                 self.running.append(r)
 
-    def _release(self, r: _Req) -> None:
+    def release(self, r: SimRequest) -> None:
+        """Free the KV that ``r`` holds on this instance."""
         self.kv_used -= r.kv
         r.kv = 0
 
-    def hand_over_kv(self, r: _Req, now: float) -> None:
+    def hand_over_kv(self, r: SimRequest, now: float) -> None:
         """The KV of ``r`` has left this (prefill) instance; ``r.kv`` now counts on the receiver."""
         self.kv_used -= r.kv
         self.wake(now)

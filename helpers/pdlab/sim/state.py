@@ -1,10 +1,12 @@
-"""The simulator's internal state: one request (:class:`_Req`), one iteration or planned run of
-decode iterations (:class:`_Batch`, with the closed-form :class:`_Plan`), the prefix-block LRU
-(:class:`_PrefixLRU`) and the event kinds of the event loop. Internal to :mod:`pdlab.sim`.
+"""The simulator's shared state: one request (:class:`SimRequest`), one iteration or planned run of
+decode iterations (:class:`Batch`, with the closed-form :class:`BatchPlan`), the prefix-block LRU
+(:class:`PrefixLRU`) and the event kinds of the event loop (plain ``int`` constants: the event loop
+compares them on every event). Shared by :mod:`pdlab.sim.engine` and :mod:`pdlab.sim.instance`, and
+the request type that dispatch policies (:class:`pdlab.sim.dispatch.DispatchPolicy`) receive.
 
 A run of pure-decode steps with a fixed batch is one event: for latency models with an affine
 decode step (:meth:`pdlab.sim.latency.LatencyModel.decode_affine`) each step's time is linear in
-the step index, so k steps are an arithmetic series (:class:`_Plan`), and the per-step end times
+the step index, so k steps are an arithmetic series (:class:`BatchPlan`), and the per-step end times
 are built only when token times are recorded.
 """
 
@@ -23,17 +25,22 @@ from pdlab.workloads import Request
 if TYPE_CHECKING:
     from pdlab.sim.instance import Instance
 
-__all__: list[str] = []
+__all__ = ["MAX_PLAN_STEPS", "EV_ARRIVAL", "EV_DONE", "EV_STAGE", "EV_XFER", "EV_LINK", "EV_JOIN",
+           "SimRequest", "BatchPlan", "Batch", "PrefixLRU"]
 
-#: Most decode steps planned as one event (a plan is cut short when new work arrives).
-_MAX_PLAN_STEPS = 512
+#: Most decode steps planned as one event (a plan is cut short when new work arrives). Read from
+#: this module at every plan, so tests may lower it.
+MAX_PLAN_STEPS = 512
 
-#: Event kinds of the event loop (:class:`pdlab.sim.engine.Simulator`).
-_ARRIVAL, _DONE, _STAGE, _XFER, _LINK, _JOIN = 0, 1, 2, 3, 4, 5
+#: Event kinds of the event loop (:class:`pdlab.sim.engine.Simulator`): an arrival, a batch done
+#: (payload: instance, batch), a pipeline stage free (instance, None), a KV transfer done (source
+#: instance, request), a shared link's next finish (source instance, link version), a transfer
+#: joining a shared link after its setup time (source instance, (request, work seconds)).
+EV_ARRIVAL, EV_DONE, EV_STAGE, EV_XFER, EV_LINK, EV_JOIN = 0, 1, 2, 3, 4, 5
 
 
-class _Req:
-    """Simulator-internal state of one request."""
+class SimRequest:
+    """The simulator's state of one request (the :class:`pdlab.workloads.Request` is ``req``)."""
 
     __slots__ = ("req", "arrival", "prompt", "output", "target", "prefilled", "generated", "kv", "first",
                  "finish", "times", "preemptions", "error", "busy", "inst", "dec_inst", "last_prefill_s",
@@ -68,7 +75,7 @@ def _series(a: float, b: float, j: Any) -> Any:
     return a * j + b * (j * (j - 1) * 0.5)
 
 
-class _Plan:
+class BatchPlan:
     """A run of pure-decode steps whose step i takes max(A1 + B1·i, A2 + B2·i) + c seconds.
 
     ``first`` is the line that dominates for i < ``m``, ``second`` the one from ``m`` on.
@@ -132,7 +139,7 @@ class _Plan:
         return np.where(j <= m, head, tail)
 
 
-_J = np.arange(1, _MAX_PLAN_STEPS + 1, dtype=float)
+_J = np.arange(1, MAX_PLAN_STEPS + 1, dtype=float)
 _JJ = _J * (_J - 1) * 0.5
 
 
@@ -145,11 +152,16 @@ def _steps(k: int) -> tuple[np.ndarray, np.ndarray]:
     return _J[:k], _JJ[:k]
 
 
-class _Batch:
+class Batch:
+    """One iteration (prefill chunks and/or one decode step) or a planned run of ``n_steps``
+    pure-decode iterations with a fixed batch, from ``start`` to ``end`` (vLLM's
+    ``SchedulerOutput``, plus its cost). ``valid`` turns False when a plan is cut short (the
+    instance then holds a shorter copy)."""
+
     __slots__ = ("prefill", "decodes", "ends", "start", "valid", "n_steps", "duration", "plan", "end")
 
-    def __init__(self, prefill: list[tuple[_Req, int]], decodes: list[_Req], start: float,
-                 ends: np.ndarray | None, duration: float, plan: _Plan | None = None, n_steps: int = 1):
+    def __init__(self, prefill: list[tuple[SimRequest, int]], decodes: list[SimRequest], start: float,
+                 ends: np.ndarray | None, duration: float, plan: BatchPlan | None = None, n_steps: int = 1):
         self.prefill = prefill
         self.decodes = decodes
         self.start = start
@@ -173,7 +185,7 @@ class _Batch:
         return self.plan.count_below(t - self.start, self.n_steps)
 
 
-class _PrefixLRU:
+class PrefixLRU:
     """The LRU of :class:`pdlab.kvcache.LRUBlockCache` (same order, same evictions), on a plain dict:
     a touched block is popped and re-inserted at the end, and eviction removes the oldest from the
     front (CPython dicts keep insertion order and compact deleted slots when they resize)."""
