@@ -4,6 +4,8 @@ prefill passes. The live probes run in lab 05 and tests/test_live.py."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from pdlab.metrics import RequestRecord
 from pdlab.serve import probes
@@ -98,3 +100,91 @@ def test_merge_prefill_points_keeps_each_pass_median_and_the_pooled_median():
     assert merged[16]["pass_medians_s"] == [0.010, 0.020] and merged[16]["samples"] == 6
     assert merged[16]["time_s"] == pytest.approx(0.015)  # median of the six samples, not of the two medians
     assert merged[256]["passes"] == 1 and merged[256]["time_s"] == 0.050
+
+
+# ---------------------------------------------------------------- the probes' formulas, pure
+def test_contention_factor_is_busy_over_alone_minus_one_floored_at_zero():
+    assert probes.contention_factor(0.200, 0.250) == pytest.approx(0.25)
+    assert probes.contention_factor(0.010, 0.030) == pytest.approx(2.0)
+    assert probes.contention_factor(0.200, 0.200) == 0.0
+    assert probes.contention_factor(0.200, 0.150) == 0.0        # faster while busy (noise): no contention
+    for alone, busy in ((0.0, 0.1), (-0.1, 0.1), (float("nan"), 0.1), (float("inf"), 0.1), (0.1, float("nan"))):
+        assert math.isnan(probes.contention_factor(alone, busy)), (alone, busy)
+
+
+def test_admission_overhead_is_period_times_one_minus_alone_over_busy():
+    # T = 0.4 s, m0 = 10 ms, m1 = 12.5 ms: F = 0.4·(1 − 0.8) = 0.08 s; check: m0·T/(T − F) = 0.004/0.32 = 12.5 ms
+    assert probes.admission_overhead_s(0.4, 0.010, 0.0125) == pytest.approx(0.08)
+    assert 0.010 * 0.4 / (0.4 - 0.08) == pytest.approx(0.0125)
+    assert probes.admission_overhead_s(1.0, 0.010, 0.020) == pytest.approx(0.5)
+    assert probes.admission_overhead_s(0.4, 0.010, 0.010) == 0.0
+    assert probes.admission_overhead_s(0.4, 0.010, 0.008) == pytest.approx(-0.1)   # raw F is not clamped
+    for m_busy in (0.0, -0.01, float("nan")):
+        assert math.isnan(probes.admission_overhead_s(0.4, 0.010, m_busy)), m_busy
+    assert math.isnan(probes.admission_overhead_s(0.4, float("nan"), 0.01))
+    assert math.isnan(probes.admission_overhead_s(float("nan"), 0.010, 0.01))
+
+
+# ---------------------------------------------------------------- calibrate end to end on a scripted server
+PRE = (0.010, 2e-5, 1e-9)        # prefill = a + b·l + c·l² (l: the server's prompt tokens)
+DEC = (0.002, 1e-6, 5e-4)        # decode step = a + b·Σctx + c·batch
+
+
+class _ScriptedEngine:
+    """A server whose times follow FittedLatency's form exactly: a calibration must recover ``PRE``/``DEC``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, url, requests, *, seed, max_concurrency=None, **kwargs):
+        self.calls.append((url, len(requests), requests[0].output_tokens, max_concurrency))
+        out = []
+        if all(r.output_tokens == 1 for r in requests):       # prefill probe: one prompt at a time
+            for r in requests:
+                n = r.prompt_tokens + 1
+                t = PRE[0] + PRE[1] * n + PRE[2] * n * n
+                out.append(RequestRecord(r.request_id, 0.0, r.prompt_tokens, 1, first_token_s=t, finish_s=t,
+                                         token_times_s=[t], extra={"server_prompt_tokens": n}))
+            return out
+        b = len(requests)                                     # decode probe: b streams in lockstep
+        times = [0.1]
+        for k in range(requests[0].output_tokens - 1):       # the gap k → k + 1 reads context p + 1 + k per stream
+            ctx = sum(r.prompt_tokens + 1 + k for r in requests)
+            times.append(times[-1] + DEC[0] + DEC[1] * ctx + DEC[2] * b)
+        for r in requests:
+            out.append(RequestRecord(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, first_token_s=times[0],
+                                     finish_s=times[-1], token_times_s=list(times),
+                                     extra={"server_prompt_tokens": r.prompt_tokens + 1}))
+        return out
+
+
+def test_calibrate_recovers_the_scripted_engine(monkeypatch):
+    engine = _ScriptedEngine()
+    monkeypatch.setattr(probes, "_bench", engine)
+    res = probes.calibrate("http://p", plan="smoke", meta={"note": "scripted"})
+    assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
+    assert list(res.latency.decode) == pytest.approx(DEC, rel=1e-6)
+    # smoke: one prefill pass over 3 lengths; decode pairs (1, 32), (1, 128), (8, 32), (8, 128), once each
+    assert [p["prefill_tokens"] for p in res.prefill_points] == [17, 257, 1025]
+    assert [(p["decode_batch"], p["prompt_tokens"]) for p in res.decode_points] == [(1, 32), (1, 128), (8, 32),
+                                                                                   (8, 128)]
+    assert [c[1:] for c in engine.calls] == [(3, 1, 1), (1, 16, None), (1, 16, None), (8, 16, None), (8, 16, None)]
+    assert res.kv_link is None and res.contention is None and res.admission is None
+    assert res.latency.meta["note"] == "scripted" and res.latency.meta["fit"]["prefill"]["r2"] == pytest.approx(1.0)
+    # one 1,024-token prompt from the fitted model: 0.010 + 2e-5·1024 + 1e-9·1024²
+    assert res.latency.prefill_time_s([1024]) == pytest.approx(0.010 + 2e-5 * 1024 + 1e-9 * 1024 ** 2, rel=1e-6)
+
+
+def test_calibrate_two_servers_probes_decode_there_and_records_contention(monkeypatch):
+    engine = _ScriptedEngine()
+    monkeypatch.setattr(probes, "_bench", engine)
+    monkeypatch.setattr(probes, "probe_contention", lambda url, decode_url, **kw: {"prefill": 0.1, "decode": 0.2})
+    plan = probes.ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 8), decode_prompts=(32, 128),
+                            decode_tokens=16, repeats=1, decode_repeats=1, max_probe_tokens=2048, prefill_passes=2)
+    res = probes.calibrate("http://p", plan=plan, decode_url="http://d")
+    assert [c[0] for c in engine.calls] == ["http://p"] + ["http://d"] * 4 + ["http://p"]   # second prefill pass last
+    assert all(p["passes"] == 2 and p["samples"] == 2 for p in res.prefill_points)
+    assert res.contention == {"prefill": 0.1, "decode": 0.2} == res.latency.meta["cpu_contention"]
+    assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
+    with pytest.raises(ValueError, match="unknown probe plan"):
+        probes.calibrate("http://p", plan="nope")

@@ -25,7 +25,8 @@ from pdlab.sim.latency import FittedLatency
 from pdlab.workloads import Request
 
 __all__ = ["ProbePlan", "PROBE_PLANS", "CalibrationResult", "probe_prefill", "merge_prefill_points", "probe_decode",
-           "decode_window", "probe_handoff", "probe_contention", "probe_admission", "calibrate", "server_kv_capacity_tokens"]
+           "decode_window", "probe_handoff", "probe_contention", "probe_admission", "calibrate", "server_kv_capacity_tokens",
+           "contention_factor", "admission_overhead_s"]
 
 # ---------------------------------------------------------------------------------------------
 # Probe plans
@@ -238,6 +239,41 @@ def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, s
             for _, g in sorted(by_len.items())]
 
 
+def contention_factor(alone_s: float, busy_s: float) -> float:
+    """How much longer a step takes while the other role works: max(0, busy/alone − 1).
+
+    The simulator's ``InstanceSpec.cpu_contention`` (a step takes ``1 + c`` times as long). A
+    faster busy run (noise) gives 0; NaN when ``alone_s`` is not a positive finite time or
+    ``busy_s`` is NaN.
+
+    >>> contention_factor(0.200, 0.250)     # 25% slower while the other role works
+    0.25
+    >>> contention_factor(0.200, 0.190)     # faster by chance: no contention
+    0.0
+    """
+    if not (np.isfinite(alone_s) and alone_s > 0) or np.isnan(busy_s):
+        return float("nan")
+    return max(0.0, float(busy_s) / float(alone_s) - 1.0)
+
+
+def admission_overhead_s(period_s: float, m_alone: float, m_busy: float) -> float:
+    """Seconds each admitted request adds to the running decode streams: F = T·(1 − m0/m1).
+
+    With one arrival every ``period_s`` (T) seconds, each stretching one decode step by F, the
+    mean token gap m1 (``m_busy``) is m0·T/(T − F) where m0 (``m_alone``) is the gap without
+    arrivals; solved for F. Not clamped (:func:`probe_admission` reports max(0, F) beside it);
+    NaN when ``m_busy`` is not a positive number or an input is NaN.
+
+    >>> round(admission_overhead_s(0.4, 0.010, 0.0125), 6)   # gaps 25% longer, one arrival per 0.4 s
+    0.08
+    >>> admission_overhead_s(0.4, 0.010, 0.010)              # no change: no overhead
+    0.0
+    """
+    if np.isnan(period_s) or np.isnan(m_alone) or not (m_busy > 0):
+        return float("nan")
+    return float(period_s) * (1.0 - float(m_alone) / float(m_busy))
+
+
 def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 1024, repeats: int = 3,
                      decode_streams: int = 16, decode_prompt: int = 256, decode_tokens: int = 48, seed: int = 0,
                      **bench_kwargs: Any) -> dict[str, float]:
@@ -297,8 +333,8 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
     return {"prompt_tokens": int(prompt_tokens), "decode_streams": int(decode_streams),
             "prefill_alone_s": prefill_alone, "prefill_busy_s": prefill_busy,
             "decode_alone_s": decode_alone, "decode_busy_s": decode_busy,
-            "prefill": max(0.0, prefill_busy / prefill_alone - 1.0),
-            "decode": max(0.0, decode_busy / decode_alone - 1.0)}
+            "prefill": contention_factor(prefill_alone, prefill_busy),
+            "decode": contention_factor(decode_alone, decode_busy)}
 
 
 def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream_prompt: int = 256,
@@ -357,7 +393,7 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
                            "or lower period_s")
     m_busy, n_busy = _mean_itl(busy, first_side, window_end)
     m_alone = float(np.nanmean([_mean_itl(run, *decode_window(run))[0] for run in (before, after)]))
-    overhead = period_s * (1.0 - m_alone / m_busy)
+    overhead = admission_overhead_s(period_s, m_alone, m_busy)
     return {"streams": int(streams), "stream_prompt": int(stream_prompt), "side_prompt": int(side_prompt),
             "side_requests": int(side_requests), "period_s": float(period_s), "itl_alone_s": m_alone,
             "itl_busy_s": m_busy, "gaps_busy": n_busy, "raw_overhead_s": overhead, "overhead_s": max(0.0, overhead)}
