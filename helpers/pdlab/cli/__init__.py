@@ -11,11 +11,11 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from pdlab.catalog import UnknownNameError
 
-__all__ = ["main", "build_parser", "emit", "CLIError"]
+__all__ = ["main", "build_parser", "emit", "CLIError", "Subcommands"]
 
 _COMMANDS = ["pdlab.cli.kv", "pdlab.cli.course", "pdlab.cli.trace", "pdlab.cli.queue", "pdlab.cli.simulate", "pdlab.cli.place",
              "pdlab.cli.roofline",
@@ -24,6 +24,16 @@ _COMMANDS = ["pdlab.cli.kv", "pdlab.cli.course", "pdlab.cli.trace", "pdlab.cli.q
              "pdlab.cli.workload", "pdlab.cli.router",
              "pdlab.cli.sim",
              "pdlab.cli.gpu_profile"]
+
+
+class Subcommands(Protocol):
+    """What ``register(sub)`` receives: the object ``ArgumentParser.add_subparsers()`` returns.
+
+    argparse gives its class no public name, so the subcommand modules annotate with this
+    structural type (the one method they call) rather than reach for a private one.
+    """
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
 
 
 class CLIError(Exception):

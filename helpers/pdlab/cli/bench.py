@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
+
+__all__ = ["register", "run"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("bench", help="benchmark a live server (async streaming client)", description=__doc__)
     p.add_argument("--url", required=True, help="server or proxy base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--workload", default="fixed-256-64",

@@ -14,7 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
+
+__all__ = ["register", "run", "main"]
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +34,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("gpu-profile", help="measure roofline, KV hand-off and step times; write JSON",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_arguments(p)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
 from pdlab.models import get_model, load_config
 from pdlab.transfer import kv_transfer, resolve_bandwidth
 
+__all__ = ["register", "run"]
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("kv", help="KV-cache size and transfer time for a model",
                        description=__doc__)
     src = p.add_mutually_exclusive_group(required=True)

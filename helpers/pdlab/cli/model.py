@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
+
+__all__ = ["register"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("model", help="build offline model folders for the live labs", description=__doc__)
     msub = p.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     b = msub.add_parser("build", help="write a model folder (nothing is downloaded)")

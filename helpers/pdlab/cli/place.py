@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
 from pdlab.sched.deploy_export import EXPORT_TARGETS, ROUTER_MODES
+
+__all__ = ["register", "run"]
 
 
 class _ExportAction(argparse.Action):
@@ -18,7 +20,7 @@ class _ExportAction(argparse.Action):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), (target, directory)])
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("place", help="choose prefill/decode TP, PP and replicas for per-GPU goodput (DistServe)",
                        description=__doc__)
     p.add_argument("--model", required=True, help="catalog model, e.g. opt-66b")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
+
+__all__ = ["register", "run"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("queue", help="M/D/1 average TTFT of a prefill instance (DistServe §3.1)",
                        description=__doc__)
     p.add_argument("--rate", type=float, required=True, help="arrival rate R, requests/s (Poisson)")

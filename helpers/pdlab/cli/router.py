@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
+
+__all__ = ["register", "run_policies", "run_serve"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("router", help="route requests to colocated or disaggregated serving", description=__doc__)
     rsub = p.add_subparsers(dest="router_command", required=True, metavar="ACTION")
     ls = rsub.add_parser("policies", help="list routing policies and output-length predictors")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
+
+__all__ = ["register", "run"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("serve", help="run a colocated or a prefill/decode-disaggregated vLLM deployment",
                        description=__doc__)
     p.add_argument("mode", choices=["colocated", "disagg"])

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
+
+__all__ = ["register", "run_calibrate"]
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -18,7 +20,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("sim", help="simulator tools: calibrate a latency profile on a live server",
                        description="Simulator tools (see also `pdlab simulate`).")
     ssub = p.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")

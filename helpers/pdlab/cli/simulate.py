@@ -6,10 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
+
+__all__ = ["register", "run"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("simulate", help="simulate colocated, chunked-prefill or disaggregated serving",
                        description=__doc__)
     src = p.add_mutually_exclusive_group(required=True)

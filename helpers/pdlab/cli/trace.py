@@ -7,9 +7,11 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
 from pdlab.kvcache import BLOCK_TOKENS, cache_hit_ratio
 from pdlab.workloads import Request, TraceFormatError, read_mooncake_jsonl
+
+__all__ = ["load_trace", "register", "trace_stats", "run_stats"]
 
 
 def load_trace(path: Path, skip_bad: bool = False) -> tuple[list[Request], list[int]]:
@@ -47,7 +49,7 @@ def load_trace(path: Path, skip_bad: bool = False) -> tuple[list[Request], list[
     return [replace(r, request_id=i) for i, r in enumerate(good)], bad
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("trace", help="statistics of a Mooncake-format request trace", description=__doc__)
     tsub = p.add_subparsers(dest="trace_command", required=True, metavar="ACTION")
     s = tsub.add_parser("stats", help="requests, average lengths, duration, prefix-cache hit ratio")

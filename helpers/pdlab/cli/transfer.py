@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
 from pdlab.transfer.bench import benchmark
 from pdlab.transfer.measurement import VerificationError
 from pdlab.transfer.sizes import parse_sizes, sizes_for_profile
 from pdlab.transfer.transports import TRANSPORTS, expand_transports, transport_status
 
+__all__ = ["register", "run_bench"]
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("transfer", help="measured KV-cache transfers (shm, tcp, gloo, Mooncake, NIXL, CUDA)",
                        description=__doc__)
     tsub = p.add_subparsers(dest="transfer_command", required=True, metavar="ACTION")

@@ -12,10 +12,12 @@ import argparse
 import json
 from pathlib import Path
 
-from pdlab.cli import CLIError, emit
+from pdlab.cli import CLIError, Subcommands, emit
+
+__all__ = ["register", "run_agentic"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("workload", help="generate synthetic workloads (agentic sessions)", description=__doc__)
     wsub = p.add_subparsers(dest="workload_command", required=True, metavar="KIND")
     a = wsub.add_parser("agentic", help="multi-turn tool-calling sessions with shared, growing prefixes")
