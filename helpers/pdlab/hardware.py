@@ -31,7 +31,11 @@ DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int
 
 
 def dtype_bytes(dtype: str) -> float:
-    """Bytes per element of a dtype name (``bf16`` → 2); ValueError names the known dtypes."""
+    """Bytes per element of a dtype name (``bf16`` → 2); ValueError names the known dtypes.
+
+    >>> dtype_bytes("bf16"), dtype_bytes("FP8"), dtype_bytes("int4")
+    (2, 1, 0.5)
+    """
     try:
         return DTYPE_BYTES[dtype.lower()]
     except KeyError:

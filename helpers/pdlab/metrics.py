@@ -60,6 +60,10 @@ class RequestRecord:
     ``token_times_s`` holds the time of every output token (the first included) when known; the
     simulator fills it unless told not to, the live client fills it from streamed chunks. A
     request that failed has ``ok=False`` and an ``error`` message; its latency fields may be None.
+
+    >>> r = RequestRecord(0, arrival_s=1.0, prompt_tokens=100, output_tokens=5, first_token_s=1.5, finish_s=3.5)
+    >>> r.ttft_s, r.e2e_s, r.tpot_s      # TPOT = (3.5 − 1.5) / (5 − 1)
+    (0.5, 2.5, 0.5)
     """
 
     request_id: int | str
@@ -158,7 +162,11 @@ def itl_s(records: Iterable[RequestRecord]) -> np.ndarray:
 
 def percentiles(values: Sequence[float] | np.ndarray, pcts: Sequence[float] = DEFAULT_PERCENTILES
                 ) -> dict[str, float]:
-    """``{"p50": ..., "p99": ...}`` (numpy's linear interpolation, like vLLM); NaN when empty."""
+    """``{"p50": ..., "p99": ...}`` (numpy's linear interpolation, like vLLM); NaN when empty.
+
+    >>> percentiles([0.1, 0.2, 0.3, 0.4, 0.5], (50, 90))   # p90 at index 0.9·4 = 3.6
+    {'p50': 0.3, 'p90': 0.46}
+    """
     arr = np.asarray(values, dtype=float)
     out = {}
     for p in pcts:
@@ -171,6 +179,10 @@ def meets_slo(record: RequestRecord, slo: SLO) -> bool:
     """True when the request completed and met every objective of ``slo``.
 
     As in vLLM's goodput check, a request with one output token has TPOT 0 (it passes a TPOT SLO).
+
+    >>> r = RequestRecord(0, 0.0, 100, 5, first_token_s=0.3, finish_s=0.7)   # TTFT 0.3 s, TPOT 0.1 s
+    >>> meets_slo(r, SLO(ttft_s=0.5, tpot_s=0.1)), meets_slo(r, SLO(ttft_s=0.2))
+    (True, False)
     """
     if not record.ok or record.finish_s is None:
         return False
@@ -184,7 +196,13 @@ def meets_slo(record: RequestRecord, slo: SLO) -> bool:
 
 
 def slo_attainment(records: Sequence[RequestRecord], slo: SLO) -> float:
-    """Fraction of all requests (failed ones count as misses) meeting every SLO; NaN when empty."""
+    """Fraction of all requests (failed ones count as misses) meeting every SLO; NaN when empty.
+
+    >>> ok = RequestRecord(0, 0.0, 100, 1, first_token_s=0.2, finish_s=0.2)
+    >>> failed = RequestRecord(1, 0.0, 100, 1, ok=False, error="HTTP 500")
+    >>> slo_attainment([ok, failed], SLO(ttft_s=1.0))
+    0.5
+    """
     if not records:
         return float("nan")
     return sum(meets_slo(r, slo) for r in records) / len(records)
@@ -203,6 +221,12 @@ def goodput_rps(records: Sequence[RequestRecord], slo: SLO, duration_s: float | 
     """Requests/s that completed and met every SLO (vLLM's ``request_goodput``).
 
     ``duration_s`` defaults to first arrival → last finish, as vLLM's benchmark duration.
+
+    >>> recs = [RequestRecord(i, float(i), 100, 1, first_token_s=i + 0.1, finish_s=i + 0.1) for i in range(4)]
+    >>> round(goodput_rps(recs, SLO(ttft_s=0.5)), 4)          # 4 requests from t = 0 to t = 3.1
+    1.2903
+    >>> goodput_rps(recs, SLO(ttft_s=0.5), duration_s=8.0)    # or over a given duration
+    0.5
     """
     duration = _duration_s(records) if duration_s is None else duration_s
     if not duration or not math.isfinite(duration) or duration <= 0:
@@ -211,7 +235,11 @@ def goodput_rps(records: Sequence[RequestRecord], slo: SLO, duration_s: float | 
 
 
 def per_gpu_goodput_rps(goodput: float, num_gpus: int) -> float:
-    """Goodput divided by the number of GPUs serving it (DistServe's per-GPU goodput)."""
+    """Goodput divided by the number of GPUs serving it (DistServe's per-GPU goodput).
+
+    >>> per_gpu_goodput_rps(6.0, 4)
+    1.5
+    """
     if num_gpus <= 0:
         raise ValueError(f"num_gpus must be positive, got {num_gpus}")
     return goodput / num_gpus

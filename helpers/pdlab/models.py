@@ -135,7 +135,12 @@ def load_config(path: str | Path) -> ModelConfig:
 
 
 def get_model(name: str) -> ModelConfig:
-    """A catalog model by name (``llama-3-70b``); unknown names raise UnknownNameError."""
+    """A catalog model by name (``llama-3-70b``); unknown names raise UnknownNameError.
+
+    >>> m = get_model("llama-3-8b")
+    >>> m.num_layers, m.num_kv_heads, m.head_dim
+    (32, 8, 128)
+    """
     key, entry = lookup("model", load_yaml("models.yaml"), name)
     cfg = entry.get("config") if isinstance(entry, dict) else None
     if not isinstance(cfg, dict):
@@ -161,6 +166,11 @@ def kv_bytes_per_token(model: ModelConfig, dtype: str = "bf16") -> int:
 
     Standard attention: ``2 (K and V) × layers × kv_heads × head_dim × bytes``.
     MLA: ``layers × (kv_lora_rank + qk_rope_head_dim) × bytes`` (one latent, no factor 2).
+
+    >>> kv_bytes_per_token(get_model("llama-3-8b"))          # 2 × 32 layers × 8 KV heads × 128 × 2 B
+    131072
+    >>> kv_bytes_per_token(get_model("llama-3-8b"), "fp8")   # half the bytes per element
+    65536
     """
     per_elem = dtype_bytes(dtype)
     if model.is_mla:
@@ -216,5 +226,9 @@ def param_counts(model: ModelConfig) -> dict[str, int]:
 
 
 def weight_bytes(model: ModelConfig, dtype: str = "bf16") -> float:
-    """Bytes of all weights at a dtype (total parameters × bytes per element)."""
+    """Bytes of all weights at a dtype (total parameters × bytes per element).
+
+    >>> round(weight_bytes(get_model("opt-13b")) / 1e9, 1), round(weight_bytes(get_model("opt-13b"), "fp8") / 1e9, 1)
+    (25.7, 12.8)
+    """
     return param_counts(model)["total"] * dtype_bytes(dtype)

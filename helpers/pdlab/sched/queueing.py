@@ -38,7 +38,13 @@ def _check_speedup(k: float) -> None:
 
 
 def avg_ttft_single(rate: float, service_s: float) -> float:
-    """``D + R·D² / (2(1 − R·D))``; ``inf`` when R·D ≥ 1 (the queue grows without bound)."""
+    """``D + R·D² / (2(1 − R·D))``; ``inf`` when R·D ≥ 1 (the queue grows without bound).
+
+    >>> round(avg_ttft_single(5.0, 0.1), 6)    # R·D = 0.5: 0.1 + 5·0.01 / (2·0.5)
+    0.15
+    >>> avg_ttft_single(10.0, 0.1)
+    inf
+    """
     _check(rate, service_s)
     rho = rate * service_s
     if rho >= 1:
@@ -47,7 +53,11 @@ def avg_ttft_single(rate: float, service_s: float) -> float:
 
 
 def avg_ttft_inter_op(rate: float, service_s: float) -> float:
-    """Two-way pipeline: ``D + R·D² / (4(2 − R·D))``; ``inf`` when R·D/2 ≥ 1."""
+    """Two-way pipeline: ``D + R·D² / (4(2 − R·D))``; ``inf`` when R·D/2 ≥ 1.
+
+    >>> round(avg_ttft_inter_op(5.0, 0.1), 6)  # 0.1 + 5·0.01 / (4·1.5)
+    0.108333
+    """
     _check(rate, service_s)
     rho = rate * service_s
     if rho >= 2:
@@ -56,7 +66,11 @@ def avg_ttft_inter_op(rate: float, service_s: float) -> float:
 
 
 def avg_ttft_intra_op(rate: float, service_s: float, speedup: float) -> float:
-    """Two-way tensor parallelism with speedup K: ``D/K + R·D² / (2K(K − R·D))``; ``inf`` when R·D ≥ K."""
+    """Two-way tensor parallelism with speedup K: ``D/K + R·D² / (2K(K − R·D))``; ``inf`` when R·D ≥ K.
+
+    >>> round(avg_ttft_intra_op(5.0, 0.1, 1.5), 6)   # 0.1/1.5 + 5·0.01 / (2·1.5·1.0)
+    0.083333
+    """
     _check(rate, service_s)
     _check_speedup(speedup)
     rho = rate * service_s
