@@ -139,6 +139,12 @@ class LRUBlockCache:
         """Cached block ids, least recently used first."""
         return list(self._blocks)
 
+    def discard(self, hash_ids: Sequence[int]) -> None:
+        """Remove these blocks where present (not an eviction: ``evictions`` is unchanged)."""
+        blocks = self._blocks
+        for h in hash_ids:
+            blocks.pop(h, None)
+
 
 @dataclass(frozen=True)
 class Tier:
@@ -187,8 +193,7 @@ class TieredBlockPool:
     def insert(self, hash_ids: Sequence[int]) -> None:
         """Put blocks into the first tier (removing them from lower ones), cascading evictions down."""
         for lru in self._lrus[1:]:
-            for h in hash_ids:
-                lru._blocks.pop(h, None)
+            lru.discard(hash_ids)
         spill = self._lrus[0].insert(hash_ids)
         for lru in self._lrus[1:]:
             if not spill:

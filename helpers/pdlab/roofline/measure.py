@@ -41,6 +41,8 @@ __all__ = [
     "DeviceProfile",
     "SIZES",
     "time_fn",
+    "torch_dtype",
+    "TorchLayer",
     "measure_matmul",
     "measure_bandwidth",
     "measure_layer",
@@ -151,7 +153,8 @@ def time_fn(fn: Callable[[], Any], device: str, *, warmup: int = 1, repeats: int
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def _torch_dtype(name: str):
+def torch_dtype(name: str):
+    """The torch dtype of a catalog dtype name (``fp32``, ``bf16``, ``fp16``)."""
     import torch
 
     return getattr(torch, _TORCH_DTYPES[name])
@@ -175,7 +178,7 @@ def _matmul_fn(n: int, dtype: str, device: str) -> Callable[[], Any] | None:
         except (RuntimeError, TypeError):
             return None
         return fn
-    td = _torch_dtype(dtype)
+    td = torch_dtype(dtype)
     a = torch.randn(n, n, device=device, generator=gen, dtype=torch.float32).to(td)
     b = torch.randn(n, n, device=device, generator=gen, dtype=torch.float32).to(td)
     return lambda: a @ b
@@ -221,14 +224,14 @@ def measure_bandwidth(device: str, mib: int = 256, repeats: int = 3) -> dict[str
     return {"copy": copy_bw, "read": read_bw, "best": max(copy_bw, read_bw), "size_bytes": float(n * 4)}
 
 
-class _Layer:
+class TorchLayer:
     """One Llama-shaped decoder layer in plain torch (weights random, no RoPE)."""
 
     def __init__(self, shape: LayerShape, device: str, dtype: str):
         import torch
 
         gen = torch.Generator(device=device).manual_seed(0)
-        td = _torch_dtype(dtype)
+        td = torch_dtype(dtype)
         h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
         scale = h ** -0.5
 
@@ -301,7 +304,7 @@ def measure_layer(device: str, shape: LayerShape, points: list[tuple[str, int, i
 
     from pdlab.roofline.analytic import layer_ops
 
-    layer = _Layer(shape, device, dtype)
+    layer = TorchLayer(shape, device, dtype)
     model = shape.to_model()
     out = []
     gen = torch.Generator(device=device).manual_seed(1)

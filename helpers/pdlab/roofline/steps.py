@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pdlab.models import ModelConfig
-from pdlab.roofline.measure import LayerShape, _Layer, _torch_dtype, time_fn
+from pdlab.roofline.measure import LayerShape, TorchLayer, time_fn, torch_dtype
 
 __all__ = ["StepPoint", "measure_steps", "step_fit_points", "fit_step_profile", "nnls_small"]
 
@@ -59,8 +59,8 @@ class _StepModel:
         shape = LayerShape(model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim,
                            model.intermediate_size, model.name)
         self.model, self.device, self.shape = model, device, shape
-        self.layers = [_Layer(shape, device, dtype) for _ in range(model.num_layers)]
-        self.dtype = _torch_dtype(dtype)
+        self.layers = [TorchLayer(shape, device, dtype) for _ in range(model.num_layers)]
+        self.dtype = torch_dtype(dtype)
         gen = torch.Generator(device=device).manual_seed(2)
         h = model.hidden_size
         self.final_norm = torch.ones(h, device=device, dtype=self.dtype)

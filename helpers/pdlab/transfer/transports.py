@@ -253,11 +253,13 @@ class ShmSender(Sender):
         from multiprocessing import resource_tracker, shared_memory
 
         self.shm = shared_memory.SharedMemory(name=endpoint["shm_name"])
-        # Python < 3.13 registers attached segments too and would unlink the receiver's at exit.
-        try:
-            resource_tracker.unregister(self.shm._name, "shared_memory")  # type: ignore[attr-defined]
-        except Exception:
-            pass
+        # Python < 3.13 registers attached segments too and would unlink the receiver's at exit. The
+        # tracker holds the POSIX name, which is the public ``name`` with a leading slash.
+        if os.name == "posix":
+            try:
+                resource_tracker.unregister("/" + self.shm.name, "shared_memory")
+            except Exception:
+                pass
         self.dst = np.ndarray((self.shm.size,), dtype=np.uint8, buffer=self.shm.buf)
 
     def send_layers(self, layout: KVLayout, layers: list[int]) -> None:
