@@ -361,3 +361,49 @@ def test_decode_steps_vs_model_is_one_where_the_steps_follow_the_fit():
     assert rows[0]["quiet gaps"] < rows[0]["gaps"] - 1
     with pytest.raises(ValueError, match="two or more token times"):
         decode_steps_vs_model([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], lat)
+
+
+def _varied_run(lat, seed=0, n=120, rate=6.0):
+    """A colocated replay whose steps follow ``lat`` exactly: Poisson arrivals, prompts 32–1024,
+    outputs 16–64 (batches and contexts that vary independently)."""
+    from pdlab.workloads import Request
+
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
+    return simulate_like_live(reqs, "colocated", lat)
+
+
+def test_run_decode_points_and_refit_recover_the_decode_row_from_the_run_itself():
+    """Observe then predict: the quiet steps of a run that follows TRUE give back TRUE's decode row
+    (a probe-fitted latency whose decode row is 2× off is corrected; prefill and meta are kept)."""
+    from pdlab.calibrate import refit_decode_on_run, run_decode_points
+
+    recs = _varied_run(TRUE)
+    pts = run_decode_points(recs)
+    assert len(pts) >= 5 and all(p["time_s"] > 0 and p["samples"] >= 5 for p in pts)
+    assert len({p["decode_batch"] for p in pts}) >= 3
+    for p in pts:   # each point is TRUE's step at its batch and mean context, within the bucket's spread
+        assert p["time_s"] == pytest.approx(TRUE.step_time_s(0, 0.0, p["decode_batch"], p["decode_ctx_tokens"]), rel=0.05)
+    off = FittedLatency(TRUE.prefill, tuple(2 * c for c in TRUE.decode), meta={"kv_link": {"latency_s": 1e-3},
+                                                                               "fit": {"decode": {"mape": 0.01}}})
+    fixed = refit_decode_on_run(off, recs)
+    assert fixed.prefill == TRUE.prefill and fixed.meta["kv_link"] == {"latency_s": 1e-3}
+    assert fixed.meta["fit"]["decode_probe"] == {"mape": 0.01} and fixed.meta["fit"]["decode"]["mape"] < 0.05
+    for b, ctx in ((1, 300), (4, 2000), (8, 4000)):
+        assert fixed.decode_time_s([ctx // b] * b) == pytest.approx(TRUE.decode_time_s([ctx // b] * b), rel=0.05)
+        assert off.decode_time_s([ctx // b] * b) == pytest.approx(2 * TRUE.decode_time_s([ctx // b] * b), rel=1e-9)
+
+
+def test_run_decode_points_ignore_zero_gaps_and_noisy_steps():
+    """Burst reads (0 s gaps) do not make a point; a run without steps that vary cannot be refitted."""
+    from pdlab.calibrate import refit_decode_on_run, run_decode_points
+
+    t = [0.1 + 0.01 * k for k in range(10)]
+    burst = RequestRecord(0, 0.0, 100, 10, 0.5, 0.5, token_times_s=[0.5] * 10)
+    steady = RequestRecord(1, 0.0, 100, 10, t[0], t[-1], token_times_s=t)
+    assert run_decode_points([burst]) == []
+    (pt,) = run_decode_points([steady])
+    assert pt["decode_batch"] == 1 and pt["time_s"] == pytest.approx(0.01) and pt["samples"] == 9
+    with pytest.raises(ValueError, match="need >= 3 decode points"):
+        refit_decode_on_run(TRUE, [steady])

@@ -62,6 +62,8 @@ __all__ = [
     "sim_ttft_phases",
     "offered_prefill_load",
     "decode_steps_vs_model",
+    "run_decode_points",
+    "refit_decode_on_run",
     "ERROR_COLUMNS",
 ]
 
@@ -411,19 +413,13 @@ def offered_prefill_load(requests: Sequence[Request], latency: FittedLatency) ->
     return sum(latency.prefill_time_s([r.prompt_tokens]) for r in requests) * (n - 1) / n / span
 
 
-def decode_steps_vs_model(records: Sequence[RequestRecord], latency: FittedLatency,
-                          batch_edges: Sequence[int] = (1, 4, 8, 12, 16, 1 << 30)) -> list[dict[str, Any]]:
-    """Live token gaps of a run against the fitted decode step, by batch size.
-
-    Each gap between two tokens of a stream is one decode step of the server. Its batch B is the
-    number of streams between their first and last token at the gap's midpoint, its context the
-    sum over them of p + k (prompt, and k = tokens before the midpoint − 1: the gap from token k to
-    k + 1 reads p + k, the decode probe's and the simulator's accounting); the fitted step is ``latency.decode_time_s`` of those.
-    A gap is *quiet* when no request is waiting for its first token (no prefill, no hand-off under
-    way): there the step is pure decode, which is what the decode probe measured. Returns one row
-    per batch range [lo, hi): gaps, quiet gaps, and the median of live / fitted over each (1.0 =
-    the fit holds under the workload; the probe's own points are near 1 by construction).
-    """
+def _run_step_gaps(records: Sequence[RequestRecord]) -> list[tuple[int, int, float, bool]]:
+    """Every token gap of a live run as one decode step of the server: (batch B, context Σ(p + k),
+    gap s, quiet). B is the number of streams between their first and last token at the gap's
+    midpoint, the context the sum over them of p + k (prompt, and k = tokens before the midpoint
+    − 1: the gap from token k to k + 1 reads p + k, the decode probe's and the simulator's
+    accounting). A gap is *quiet* when no request is waiting for its first token (no prefill, no
+    hand-off under way): there the step is pure decode, what the decode probe measures."""
     recs = [r for r in records if r.ok and r.token_times_s is not None and len(r.token_times_s) >= 2]
     if not recs:
         raise ValueError("no record with two or more token times")
@@ -436,9 +432,22 @@ def decode_steps_vs_model(records: Sequence[RequestRecord], latency: FittedLaten
     for t in times:
         for gap, mid in zip(np.diff(t), 0.5 * (t[1:] + t[:-1]), strict=True):
             active = np.flatnonzero((first <= mid) & (mid <= last))
-            ctx = [int(prompt[j] + np.searchsorted(times[j], mid) - 1) for j in active]   # p + k, as the probe
+            ctx = sum(int(prompt[j] + np.searchsorted(times[j], mid) - 1) for j in active)
             quiet = not np.any((arrival <= mid) & (mid < first))
-            rows.append((len(active), gap / latency.decode_time_s(ctx), quiet))
+            rows.append((len(active), ctx, float(gap), quiet))
+    return rows
+
+
+def decode_steps_vs_model(records: Sequence[RequestRecord], latency: FittedLatency,
+                          batch_edges: Sequence[int] = (1, 4, 8, 12, 16, 1 << 30)) -> list[dict[str, Any]]:
+    """Live token gaps of a run against the fitted decode step, by batch size.
+
+    Each gap is one decode step (:func:`_run_step_gaps`: batch, context, quiet); the fitted step is
+    ``latency.decode_time_s`` of that batch and context. Returns one row per batch range [lo, hi):
+    gaps, quiet gaps, and the median of live / fitted over each (1.0 = the fit holds under the
+    workload; the probe's own points are near 1 by construction).
+    """
+    rows = [(b, gap / latency.step_time_s(0, 0.0, b, ctx), quiet) for b, ctx, gap, quiet in _run_step_gaps(records)]
     batch = np.array([b for b, _, _ in rows])
     ratio = np.array([x for _, x, _ in rows])
     quiet = np.array([q for _, _, q in rows])
@@ -452,3 +461,39 @@ def decode_steps_vs_model(records: Sequence[RequestRecord], latency: FittedLaten
                     "quiet gaps": int(q.sum()), "live / fitted, all": float(np.median(ratio[sel])),
                     "live / fitted, quiet": float(np.median(ratio[q])) if q.any() else float("nan")})
     return out
+
+
+def run_decode_points(records: Sequence[RequestRecord], *, ctx_bucket_tokens: int = 256,
+                      min_gaps: int = 5) -> list[dict[str, float]]:
+    """Decode timing points observed in a live run: its quiet steps (:func:`_run_step_gaps`),
+    grouped by batch and by mean context per stream in buckets of ``ctx_bucket_tokens``, each
+    group (of at least ``min_gaps`` gaps) one point of the median gap (s) at the group's mean
+    batch context. Median, not mean: a client that reads several tokens in one burst (its process
+    was descheduled) sees one long gap and several of 0 s around the true step. The points feed
+    :func:`fit_row` like the probe's (``kind`` ``"decode"``): the observe-then-predict calibration."""
+    groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for b, ctx, gap, quiet in _run_step_gaps(records):
+        if quiet and b > 0:
+            groups.setdefault((b, int(ctx / b // ctx_bucket_tokens)), []).append((ctx, gap))
+    points = []
+    for (b, _), rows in sorted(groups.items()):
+        gaps = [g for _, g in rows]
+        t = float(np.median(gaps))
+        if len(rows) >= min_gaps and t > 0:
+            points.append({"prefill_tokens": 0, "prefill_sq_tokens": 0.0, "decode_batch": b,
+                           "decode_ctx_tokens": float(np.mean([c for c, _ in rows])), "time_s": t,
+                           "samples": len(rows), "kind": "decode"})
+    return points
+
+
+def refit_decode_on_run(latency: FittedLatency, records: Sequence[RequestRecord], **kwargs: Any) -> FittedLatency:
+    """``latency`` with its decode row refitted on a live run's own quiet steps
+    (:func:`run_decode_points`); prefill and ``meta`` (link, contention, admission) are kept, the
+    new fit's quality is in ``meta["fit"]["decode"]`` and the probe's in ``meta["fit"]["decode_probe"]``.
+    Raises ValueError when the run's steps cannot separate the three decode coefficients."""
+    decode, quality = fit_row(run_decode_points(records, **kwargs), "decode")
+    meta = dict(latency.meta)
+    fit = dict(meta.get("fit", {}))
+    fit["decode_probe"], fit["decode"] = fit.get("decode"), {**quality, "source": "live run, quiet steps"}
+    meta["fit"] = fit
+    return FittedLatency(latency.prefill, decode, meta=meta)
