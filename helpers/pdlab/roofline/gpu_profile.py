@@ -150,6 +150,99 @@ def profile_plan(device: str, size: str) -> dict[str, Any]:
 # Measuring
 
 
+#: Hand-off path kind → the label printed in the profile.
+_HANDOFF_LABELS = {"cuda-d2d": "device → device", "cuda-h2d-pinned": "host (pinned) → device",
+                   "cuda-h2d-pageable": "host (pageable) → device", "cuda-d2h-pinned": "device → host (pinned)",
+                   "cuda-d2h-pageable": "device → host (pageable)", "cuda-p2p": "GPU → GPU (peer)",
+                   "cuda-ipc": "process → process on one GPU (CUDA IPC)", "host-memcpy": "host memcpy (one process)",
+                   "shm": "process → process in host memory (shared memory)"}
+
+_CUDA_HANDOFF_KINDS = ["cuda-d2d", "cuda-h2d-pinned", "cuda-h2d-pageable", "cuda-d2h-pinned", "cuda-d2h-pageable",
+                       "cuda-ipc", "cuda-p2p"]
+
+
+class _HandoffRows:
+    """The rows and skipped paths of one hand-off measurement, and how a failing path is handled."""
+
+    def __init__(self, say: Callable[[str], None], keep_going: bool, errors: dict[str, str] | None):
+        self.say = say
+        self.keep_going = keep_going
+        self.errors = errors
+        self.rows: list[dict[str, Any]] = []
+        self.skipped: dict[str, str] = {}
+
+    def add(self, measurements: Iterable[Any], verified_by: str) -> None:
+        for m in measurements:
+            self.rows.append({"path": _HANDOFF_LABELS.get(m.transport, m.transport), "kind": m.transport,
+                              **m.as_dict(), "verified_by": verified_by})
+
+    def guarded(self, kinds: list[str], fn: Callable[[], Any]) -> None:
+        """Run ``fn``; with ``keep_going`` a failure skips ``kinds`` (and is noted in ``errors``)."""
+        try:
+            fn()
+        except Exception as exc:
+            if not self.keep_going:
+                raise
+            why = f"failed: {type(exc).__name__}: {exc}"
+            for kind in kinds:
+                self.skipped[kind] = why
+            if self.errors is not None:
+                self.errors[f"handoff {'/'.join(kinds)}"] = why
+            self.say(f"hand-off {'/'.join(kinds)} FAILED: {why}")
+
+    def result(self, sizes: list[int], repeats: int) -> dict[str, Any]:
+        return {"sizes": sizes, "repeats": repeats, "results": self.rows, "skipped": self.skipped,
+                "labels": dict(_HANDOFF_LABELS)}
+
+
+def _host_memcpy_row(size: int, repeats: int) -> dict[str, Any]:
+    """Host memcpy in one process at ``size`` bytes (median of at least 3), CRC-verified."""
+    import time as _time
+
+    import numpy as np
+
+    from pdlab.transfer.kvbuffer import checksum, make_payload
+
+    src = make_payload(size)
+    dst = np.zeros_like(src)
+    np.copyto(dst, src)
+    times = []
+    for _ in range(max(3, repeats)):
+        dst[:] = 0
+        t0 = _time.perf_counter()
+        np.copyto(dst, src)
+        times.append(_time.perf_counter() - t0)
+    ok = checksum(dst) == checksum(src)
+    times.sort()
+    med = times[len(times) // 2]
+    return {"path": _HANDOFF_LABELS["host-memcpy"], "kind": "host-memcpy", "transport": "host-memcpy",
+            "size_bytes": size, "latency_s": med, "latency_min_s": times[0], "latency_max_s": times[-1],
+            "bandwidth_bytes_per_s": size / med, "bandwidth_min_bytes_per_s": size / times[-1],
+            "bandwidth_max_bytes_per_s": size / times[0], "repeats": len(times), "verified": ok,
+            "verified_by": "crc32"}
+
+
+def _handoff_cuda(out: _HandoffRows, device: str, sizes: list[int], repeats: int) -> None:
+    """The CUDA paths (copies, IPC; peer needs two GPUs), or all of them skipped off CUDA."""
+    import torch
+
+    if device != "cuda":
+        why = "no CUDA GPU here" if not torch.cuda.is_available() else "profile run with --device cpu"
+        for kind in _CUDA_HANDOFF_KINDS:
+            analogue = "; shared memory between two processes is its CPU analogue" if kind == "cuda-ipc" else ""
+            out.skipped[kind] = f"needs a CUDA GPU ({why}, torch {torch.__version__}){analogue}"
+        return
+    from pdlab.transfer.cuda import cuda_copy_benchmark, cuda_ipc_benchmark
+
+    out.say("hand-off: CUDA copies (d2d, h2d/d2h pinned and pageable) ...")
+    out.guarded(_CUDA_HANDOFF_KINDS[:5], lambda: out.add(cuda_copy_benchmark(sizes, repeats),
+                                                         "byte compare with the source"))
+    if torch.cuda.device_count() < 2:
+        out.skipped["cuda-p2p"] = f"one GPU visible ({torch.cuda.device_count()}); peer copies need two"
+    out.say("hand-off: CUDA IPC between two processes ...")
+    out.guarded(["cuda-ipc"], lambda: out.add(cuda_ipc_benchmark(sizes, repeats), "crc32"))
+
+
 def _handoff(device: str, sizes: list[int], repeats: int, say: Callable[[str], None],
              keep_going: bool = False, errors: dict[str, str] | None = None) -> dict[str, Any]:
     """Every hand-off path that exists here, verified; the others under ``skipped`` with the reason.
@@ -157,93 +250,28 @@ def _handoff(device: str, sizes: list[int], repeats: int, say: Callable[[str], N
     With ``keep_going`` a path that fails is listed under ``skipped`` (and in ``errors``) and the
     next one is measured; otherwise the failure raises.
     """
-    import time as _time
-
-    import numpy as np
-
-    from pdlab.transfer.kvbuffer import checksum, make_payload
     from pdlab.transfer.sizes import format_size
+    from pdlab.transfer.transports import transport_status
 
-    rows: list[dict[str, Any]] = []
-    skipped: dict[str, str] = {}
-    labels = {"cuda-d2d": "device → device", "cuda-h2d-pinned": "host (pinned) → device",
-              "cuda-h2d-pageable": "host (pageable) → device", "cuda-d2h-pinned": "device → host (pinned)",
-              "cuda-d2h-pageable": "device → host (pageable)", "cuda-p2p": "GPU → GPU (peer)",
-              "cuda-ipc": "process → process on one GPU (CUDA IPC)", "host-memcpy": "host memcpy (one process)",
-              "shm": "process → process in host memory (shared memory)"}
-
-    def add(measurements: Iterable[Any], verified_by: str) -> None:
-        for m in measurements:
-            rows.append({"path": labels.get(m.transport, m.transport), "kind": m.transport, **m.as_dict(),
-                         "verified_by": verified_by})
-
-    def guarded(kinds: list[str], fn: Callable[[], Any]) -> None:
-        try:
-            fn()
-        except Exception as exc:
-            if not keep_going:
-                raise
-            why = f"failed: {type(exc).__name__}: {exc}"
-            for kind in kinds:
-                skipped[kind] = why
-            if errors is not None:
-                errors[f"handoff {'/'.join(kinds)}"] = why
-            say(f"hand-off {'/'.join(kinds)} FAILED: {why}")
-
+    out = _HandoffRows(say, keep_going, errors)
     # host memcpy, one process: the reference every other path is read against
     say("hand-off: host memcpy ...")
     for size in sizes:
-        src = make_payload(size)
-        dst = np.zeros_like(src)
-        np.copyto(dst, src)
-        times = []
-        for _ in range(max(3, repeats)):
-            dst[:] = 0
-            t0 = _time.perf_counter()
-            np.copyto(dst, src)
-            times.append(_time.perf_counter() - t0)
-        ok = checksum(dst) == checksum(src)
-        times.sort()
-        med = times[len(times) // 2]
-        rows.append({"path": labels["host-memcpy"], "kind": "host-memcpy", "transport": "host-memcpy",
-                     "size_bytes": size, "latency_s": med, "latency_min_s": times[0], "latency_max_s": times[-1],
-                     "bandwidth_bytes_per_s": size / med, "bandwidth_min_bytes_per_s": size / times[-1],
-                     "bandwidth_max_bytes_per_s": size / times[0], "repeats": len(times), "verified": ok,
-                     "verified_by": "crc32"})
-        if not ok:
+        row = _host_memcpy_row(size, repeats)
+        out.rows.append(row)
+        if not row["verified"]:
             raise RuntimeError(f"host memcpy: CRC mismatch at {format_size(size)}")
     # two processes through shared memory (the CPU analogue of CUDA IPC)
-    from pdlab.transfer.transports import transport_status
-
     shm_ok, shm_why = transport_status("shm")
     if shm_ok:
         from pdlab.transfer.bench import measure_transport
 
         say("hand-off: shared memory between two processes ...")
-        guarded(["shm"], lambda: add(measure_transport("shm", sizes, repeats), "crc32"))
+        out.guarded(["shm"], lambda: out.add(measure_transport("shm", sizes, repeats), "crc32"))
     else:
-        skipped["shm"] = shm_why
-    cuda_kinds = ["cuda-d2d", "cuda-h2d-pinned", "cuda-h2d-pageable", "cuda-d2h-pinned", "cuda-d2h-pageable",
-                  "cuda-ipc", "cuda-p2p"]
-    if device != "cuda":
-        import torch
-
-        why = "no CUDA GPU here" if not torch.cuda.is_available() else "profile run with --device cpu"
-        for kind in cuda_kinds:
-            analogue = "; shared memory between two processes is its CPU analogue" if kind == "cuda-ipc" else ""
-            skipped[kind] = f"needs a CUDA GPU ({why}, torch {torch.__version__}){analogue}"
-        return {"sizes": sizes, "repeats": repeats, "results": rows, "skipped": skipped, "labels": labels}
-    import torch
-
-    from pdlab.transfer.cuda import cuda_copy_benchmark, cuda_ipc_benchmark
-
-    say("hand-off: CUDA copies (d2d, h2d/d2h pinned and pageable) ...")
-    guarded(cuda_kinds[:5], lambda: add(cuda_copy_benchmark(sizes, repeats), "byte compare with the source"))
-    if torch.cuda.device_count() < 2:
-        skipped["cuda-p2p"] = f"one GPU visible ({torch.cuda.device_count()}); peer copies need two"
-    say("hand-off: CUDA IPC between two processes ...")
-    guarded(["cuda-ipc"], lambda: add(cuda_ipc_benchmark(sizes, repeats), "crc32"))
-    return {"sizes": sizes, "repeats": repeats, "results": rows, "skipped": skipped, "labels": labels}
+        out.skipped["shm"] = shm_why
+    _handoff_cuda(out, device, sizes, repeats)
+    return out.result(sizes, repeats)
 
 
 def _aic_installed() -> bool:

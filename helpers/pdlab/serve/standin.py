@@ -39,6 +39,51 @@ def read_wire_log(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _requested_tokens(body: dict, native: bool) -> int:
+    """Tokens asked for: SGLang's native ``sampling_params.max_new_tokens`` or OpenAI's ``max_tokens``."""
+    if native:
+        params = body.get("sampling_params") or {}
+        return int(params.get("max_new_tokens", 16))
+    return int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+
+
+def _whole_answer(n_tokens: int, native: bool, chat: bool) -> dict:
+    """A non-streamed answer of ``n_tokens`` filler tokens (native, chat or text completion)."""
+    text = " tok" * n_tokens
+    if native:
+        return {"text": text, "stand-in": True, "meta_info": {
+            "completion_tokens": n_tokens, "prompt_tokens": 0, "finish_reason": {"type": "length"}}}
+    choice = {"index": 0, "finish_reason": "length"}
+    choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+    return {"object": "chat.completion" if chat else "text_completion", "stand-in": True, "choices": [choice],
+            "usage": {"prompt_tokens": 0, "completion_tokens": n_tokens}}
+
+
+def _stream_chunk(i: int, native: bool, chat: bool) -> dict:
+    """The ``i``-th streamed event (native: the text so far; OpenAI: one token's delta)."""
+    if native:
+        return {"text": " tok" * (i + 1), "meta_info": {"completion_tokens": i + 1}}
+    if chat:
+        return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": " tok"}}]}
+    return {"object": "text_completion", "choices": [{"index": 0, "text": " tok"}]}
+
+
+async def _stream_answer(request: web.Request, body: dict, n_tokens: int, native: bool, chat: bool,
+                         token_interval_s: float) -> web.StreamResponse:
+    """Server-sent events: one filler token every ``token_interval_s``, usage if asked, then ``[DONE]``."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for i in range(n_tokens):
+        await asyncio.sleep(token_interval_s)
+        await resp.write(f"data: {json.dumps(_stream_chunk(i, native, chat))}\n\n".encode())
+    if not native and (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": n_tokens}}
+        await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
 def make_standin_app(role: str, wire_log: str | Path, *, token_interval_s: float = 0.005,
                      prefill_delay_s: float = 0.01, bootstrap_port: int | None = None) -> web.Application:
     """The aiohttp app of one stand-in worker (``role``: ``prefill`` or ``decode``)."""
@@ -74,43 +119,15 @@ def make_standin_app(role: str, wire_log: str | Path, *, token_interval_s: float
             return web.json_response({"error": {"message": "invalid JSON"}}, status=400)
         record(request, body)
         native = request.path == "/generate"
-        if native:
-            params = body.get("sampling_params") or {}
-            n_tokens = int(params.get("max_new_tokens", 16))
-        else:
-            n_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        n_tokens = _requested_tokens(body, native)
         if role == "prefill":
             await asyncio.sleep(prefill_delay_s)
             n_tokens = 1
         chat = request.path.endswith("chat/completions")
         if not body.get("stream"):
             await asyncio.sleep(token_interval_s * n_tokens)
-            text = " tok" * n_tokens
-            if native:
-                return web.json_response({"text": text, "stand-in": True, "meta_info": {
-                    "completion_tokens": n_tokens, "prompt_tokens": 0, "finish_reason": {"type": "length"}}})
-            choice = {"index": 0, "finish_reason": "length"}
-            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-            return web.json_response({"object": "chat.completion" if chat else "text_completion", "stand-in": True,
-                                      "choices": [choice],
-                                      "usage": {"prompt_tokens": 0, "completion_tokens": n_tokens}})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for i in range(n_tokens):
-            await asyncio.sleep(token_interval_s)
-            if native:
-                chunk = {"text": " tok" * (i + 1), "meta_info": {"completion_tokens": i + 1}}
-            elif chat:
-                chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": " tok"}}]}
-            else:
-                chunk = {"object": "text_completion", "choices": [{"index": 0, "text": " tok"}]}
-            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        if not native and (body.get("stream_options") or {}).get("include_usage"):
-            usage = {"choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": n_tokens}}
-            await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+            return web.json_response(_whole_answer(n_tokens, native, chat))
+        return await _stream_answer(request, body, n_tokens, native, chat, token_interval_s)
 
     app = web.Application()
     for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
