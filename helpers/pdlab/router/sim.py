@@ -21,7 +21,7 @@ policy, the ``on_request_finished`` hook and the per-spec prefix cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -36,7 +36,7 @@ from pdlab.router.policies import (
     make_policy,
     make_predictor,
 )
-from pdlab.sim.cluster import ClusterSpec, PoolSpec, build_cluster
+from pdlab.sim.cluster import ClusterSpec, PoolSpec, build_cluster, split_settings
 from pdlab.sim.dispatch import DispatchPolicy
 from pdlab.sim.engine import Instance, InstanceSpec, KVLink, SimResult, Simulator
 from pdlab.sim.state import SimRequest
@@ -145,25 +145,29 @@ class RoutedSimulator(Simulator):
 
 def build_routed_simulator(gpu: str, model: str, *, colocated: int = 1, prefill: int = 1, decode: int = 1,
                            tp: int = 1, policy: RoutingPolicy | str = "threshold",
-                           predictor: OutputPredictor | str = "constant", link: str | None = None,
-                           link_bandwidth_bytes_per_s: float | None = None, prefix_caching: bool = False,
-                           dtype: str = "bf16", memory_utilization: float = 0.9, max_num_seqs: int = 256,
-                           max_batched_tokens: int = 16384, latency: Any = None, record_token_times: bool = False,
-                           **policy_kwargs: Any) -> RoutedSimulator:
+                           predictor: OutputPredictor | str = "constant", latency: Any = None,
+                           prefix_caching: bool = False, record_token_times: bool = False,
+                           policy_options: Mapping[str, Any] | None = None, **settings: Any) -> RoutedSimulator:
     """A routed cluster of ``colocated`` colocated instances plus ``prefill`` + ``decode`` instances,
     each of ``tp`` GPUs of catalog type ``gpu`` serving catalog ``model`` (roofline latency unless a
     ``latency(tp, pp)`` factory is given). With ``prefill = decode = 0`` it is a monolithic colocated
-    cluster; with ``colocated = 0`` a monolithic disaggregated one. KV crosses ``link`` (catalog
-    name) or ``link_bandwidth_bytes_per_s`` (instant if neither)."""
+    cluster; with ``colocated = 0`` a monolithic disaggregated one. ``policy_options`` go to the
+    routing policy's class when ``policy`` is a name.
+
+    ``settings``: any :class:`~pdlab.sim.spec.InstanceSpec` field for every instance
+    (``max_num_seqs``, ``max_batched_tokens`` …) and any :class:`~pdlab.sim.cluster.ClusterSpec`
+    field (``link``, a catalog name, or ``link_bandwidth_bytes_per_s``: KV is instant if neither;
+    ``dtype``, ``memory_utilization`` …), each with that class's default (as
+    :func:`pdlab.sim.build_simulator`)."""
     if colocated < 0 or prefill < 0 or decode < 0 or colocated + prefill + decode == 0:
         raise ValueError("need at least one instance (counts must be >= 0)")
-    options = {"max_num_seqs": max_num_seqs, "max_batched_tokens": max_batched_tokens}
+    options, cluster_fields = split_settings(settings, "build_routed_simulator")
+    if "dispatch" not in cluster_fields:
+        cluster_fields["dispatch"] = RouterDispatch(policy, predictor, **dict(policy_options or {}))
     g = get_gpu(gpu)
     pools = [PoolSpec(role, n, g, tp, 1, latency, options=options)
              for role, n in (("colocated", colocated), ("prefill", prefill), ("decode", decode))]
-    cluster = ClusterSpec(pools, model, dtype, memory_utilization, link=link,
-                          link_bandwidth_bytes_per_s=link_bandwidth_bytes_per_s,
-                          dispatch=RouterDispatch(policy, predictor, **policy_kwargs))
+    cluster = ClusterSpec(pools, model, **cluster_fields)
     return build_cluster(cluster, simulator=RoutedSimulator, record_token_times=record_token_times,
                          prefix_caching=prefix_caching)
 

@@ -13,7 +13,7 @@ the calibrated simulator of lab 05 (:func:`pdlab.calibrate.build_sim`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pdlab.hardware import GPU, get_gpu, resolve_link_bandwidth
@@ -23,7 +23,8 @@ from pdlab.sim.engine import InstanceSpec, KVLink, SimResult, Simulator
 from pdlab.sim.latency import LatencyModel, kv_capacity_tokens, roofline_latency
 from pdlab.workloads import Request
 
-__all__ = ["MODES", "PoolSpec", "ClusterSpec", "build_cluster", "build_simulator", "simulate", "LatencyFactory"]
+__all__ = ["MODES", "PoolSpec", "ClusterSpec", "build_cluster", "build_simulator", "simulate", "LatencyFactory",
+           "split_settings"]
 
 MODES = ("colocated", "chunked", "disaggregated")
 
@@ -124,48 +125,66 @@ def build_cluster(deployment: ClusterSpec, *, simulator: type[Simulator] = Simul
                      record_token_times=record_token_times, **simulator_kwargs)
 
 
+#: InstanceSpec fields :func:`build_simulator` sets itself (from the mode, GPU, model and pool shape).
+_DERIVED_INSTANCE_FIELDS = ("latency", "kv_capacity_tokens", "role", "name", "scheduler")
+#: ClusterSpec fields :func:`build_simulator` sets itself.
+_DERIVED_CLUSTER_FIELDS = ("pools", "model")
+
+
+def split_settings(settings: Mapping[str, Any], caller: str = "build_simulator"
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keywords of a cluster builder, split into :class:`InstanceSpec` options (for
+    :attr:`PoolSpec.options`) and :class:`ClusterSpec` fields; each class keeps its own defaults.
+    ``cpu_contention`` > 0 puts every instance in one CPU group (``cpu_group="host"``). Unknown
+    keywords raise ``TypeError`` naming ``caller``."""
+    inst_names = {f.name for f in fields(InstanceSpec)} - set(_DERIVED_INSTANCE_FIELDS)
+    cluster_names = {f.name for f in fields(ClusterSpec)} - set(_DERIVED_CLUSTER_FIELDS)
+    unknown = sorted(set(settings) - inst_names - cluster_names)
+    if unknown:
+        raise TypeError(f"{caller}() got unexpected keyword(s) {', '.join(unknown)}; known: "
+                        f"{', '.join(sorted(inst_names | cluster_names))}")
+    options = {k: v for k, v in settings.items() if k in inst_names}
+    if options.get("cpu_contention", 0.0) > 0:
+        options.setdefault("cpu_group", "host")
+    return options, {k: v for k, v in settings.items() if k in cluster_names}
+
+
 def build_simulator(mode: str, gpu: str, model: str, *, instances: int = 1, prefill: int = 1, decode: int = 1,
                     tp: int = 1, pp: int = 1, decode_tp: int | None = None, decode_pp: int | None = None,
-                    latency: LatencyFactory | None = None, dtype: str = "bf16", memory_utilization: float = 0.9,
-                    token_budget: int = 2048, max_num_seqs: int = 256, max_batched_tokens: int = 16384,
-                    link: str | None = None, link_bandwidth_bytes_per_s: float | None = None,
-                    layerwise_overlap: bool = False, dispatch: str | DispatchPolicy | None = None,
-                    decode_dispatch: str | DispatchPolicy = "least_loaded",
-                    record_token_times: bool = True, prefix_caching: bool = False,
-                    handoff_reservation: str = "prompt", link_sharing: str = "fifo",
-                    transfer_setup_s: float = 0.0, cpu_contention: float = 0.0) -> Simulator:
+                    latency: LatencyFactory | None = None, record_token_times: bool = True,
+                    **settings: Any) -> Simulator:
     """A simulator for ``mode`` = ``colocated`` (vLLM-style), ``chunked`` (Sarathi-Serve) or
     ``disaggregated`` (``prefill`` + ``decode`` instances, KV over ``link``).
 
     ``tp``/``pp`` are per instance (prefill instances in disaggregated mode; ``decode_tp`` and
     ``decode_pp`` default to them). ``latency`` builds each instance's model from (tp, pp); the
     default is :func:`~pdlab.sim.latency.roofline_latency` for the catalog GPU and model.
-    ``dispatch`` defaults to round robin (colocated) or shortest queue (prefill pool, as DistServe).
 
-    ``prefix_caching``: vLLM-style automatic prefix caching on colocated and prefill instances.
-    Hand-off physics (see :mod:`pdlab.sim.engine`): ``handoff_reservation`` of decode instances
-    (``prompt``, ``vllm``, ``none``), ``link_sharing`` (``fifo`` or ``fair``), ``transfer_setup_s``
-    per KV transfer, and ``cpu_contention`` (> 0 puts every instance in one CPU group: an iteration
-    is ``1 + cpu_contention · n`` times slower while ``n`` other instances are busy).
+    ``settings``: any :class:`~pdlab.sim.spec.InstanceSpec` field for every instance
+    (``token_budget``, ``max_num_seqs``, ``max_batched_tokens``, ``prefix_caching``,
+    ``handoff_reservation``, ``cpu_contention`` …; ``cpu_contention`` > 0 puts every instance in one
+    CPU group: an iteration is ``1 + cpu_contention · n`` times slower while ``n`` other instances
+    are busy) and any :class:`ClusterSpec` field (``dtype``, ``memory_utilization``, ``link``,
+    ``link_bandwidth_bytes_per_s``, ``layerwise_overlap``, ``link_sharing``, ``transfer_setup_s``,
+    ``dispatch``, ``decode_dispatch``), each with that class's default. ``dispatch`` defaults to
+    round robin (colocated) or shortest queue (prefill pool, as DistServe). Hand-off physics: see
+    :mod:`pdlab.sim.engine`. For instances unlike each other, build :class:`PoolSpec` pools and call
+    :func:`build_cluster`.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     for name, value in (("instances", instances), ("prefill", prefill), ("decode", decode), ("tp", tp), ("pp", pp)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+    options, cluster = split_settings(settings)
     g = get_gpu(gpu)
-    options = dict(token_budget=token_budget, max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens,
-                   prefix_caching=prefix_caching, handoff_reservation=handoff_reservation,
-                   cpu_group="host" if cpu_contention > 0 else None, cpu_contention=cpu_contention)
     if mode == "disaggregated":
         pools = [PoolSpec("prefill", prefill, g, tp, pp, latency, options=options),
                  PoolSpec("decode", decode, g, decode_tp or tp, decode_pp or pp, latency, options=options)]
     else:
         pools = [PoolSpec("colocated", instances, g, tp, pp, latency,
-                      options={**options, "scheduler": "chunked" if mode == "chunked" else "vllm"})]
-    return build_cluster(ClusterSpec(pools, model, dtype, memory_utilization, link, link_bandwidth_bytes_per_s,
-                                    layerwise_overlap, link_sharing, transfer_setup_s, dispatch, decode_dispatch),
-                         record_token_times=record_token_times)
+                          options={**options, "scheduler": "chunked" if mode == "chunked" else "vllm"})]
+    return build_cluster(ClusterSpec(pools, model, **cluster), record_token_times=record_token_times)
 
 
 def simulate(requests: Sequence[Request], mode: str, gpu: str, model: str, **kwargs: Any) -> SimResult:
