@@ -25,6 +25,14 @@ ratio, TTFT/TPOT/ITL p50 and p90 side by side, and the mechanism behind each dif
     .venv/bin/python benchmarks/bench_sim.py --peer dynamo --repeat 3
     .venv/bin/python benchmarks/bench_sim.py --peer dynamo --repeat 3 --peer-ablate  # + mechanism ablations
 
+Planner mode (``--peer-planner``, issue #22): the P:D split NVIDIA Dynamo's planner chooses in its
+offline replay (disaggregated, starting at 2 + 2 TP-4 workers, the mocker timed by the same
+converted profile) beside ``pdlab place``'s Alg. 1 for TP-4 on the same trace slice, rate and SLOs
+(:mod:`pdlab.sim.dynamo_planner`). Dynamo's SLA target needs ``aisimulate_core``, which cannot be
+installed here, so that row says so; its threshold target runs::
+
+    .venv/bin/python benchmarks/bench_sim.py --peer-planner                 # 600 requests, TTFT 10 s, ITL 50 ms
+
 ``--repeat N`` runs every replay N times and reports the best and the median requests/s (the
 machine is shared: the best run is the least disturbed one). ``--profile`` prints where the time
 of one colocated replay goes (cProfile, top functions by own time).
@@ -169,6 +177,47 @@ def bench_peer(peer: str, repeat: int, limit: int | None = None, max_batched_tok
     return out
 
 
+def bench_peer_planner(limit: int = 600, ttft_s: float = 10.0, itl_s: float = 0.05) -> list[dict]:
+    """Dynamo's planner (SLA target, then threshold target) beside ``pdlab place`` on the first
+    ``limit`` requests of the Mooncake conversation trace; prints the P:D table; returns its rows."""
+    import tempfile
+    from pathlib import Path
+
+    from pdlab.metrics import SLO
+    from pdlab.sim import dynamo_planner as dp
+    from pdlab.sim import peers
+    from pdlab.workloads import mooncake_trace_path
+
+    slo = SLO(ttft_s=ttft_s, tpot_s=itl_s)
+    settings = peers.PeerSettings(mode="disaggregated", prefill=2, decode=2)
+    with tempfile.TemporaryDirectory(prefix="pdlab-planner-") as tmp:
+        trace = peers.write_trace_slice(mooncake_trace_path("conversation"), Path(tmp) / "trace.jsonl", limit)
+        work = dp.trace_workload(trace)
+        runs: list = []
+        for target in ("sla", "throughput"):
+            try:
+                runs.append(dp.run_dynamo_planner(trace, settings, slo, tmp, target=target))
+            except dp.PlannerUnavailable as exc:
+                runs.append(exc)
+            except FileNotFoundError as exc:
+                print(f"planner peer skipped: {exc}")
+                return []
+        place = dp.place_split(trace, settings, slo, rate_rps=work.rate_rps)
+    rows = dp.split_rows(place, runs, last_arrival_s=work.duration_s)
+    print(dp.format_split_table(
+        f"P:D split, {limit} Mooncake conversation requests ({work.rate_rps:.2f} req/s, prompt "
+        f"{work.mean_prompt_tokens:.0f} / output {work.mean_output_tokens:.0f} tokens on average), "
+        f"TTFT {ttft_s:g} s, ITL {itl_s * 1e3:g} ms, {settings.model} TP-{settings.tp} on {settings.gpu}", rows))
+    for run in runs:
+        if isinstance(run, dp.PlannerUnavailable):
+            print(f"  Dynamo planner (sla): {run}")
+        elif run.stubbed:
+            print(f"  Dynamo planner ({run.target}): import-only stubs for {', '.join(run.stubbed)}; replay TTFT p50 "
+                  f"{run.summary.get('median_ttft_ms', float('nan')):.0f} ms, ITL p50 "
+                  f"{run.summary.get('median_itl_ms', float('nan')):.1f} ms")
+    return rows
+
+
 def bench_place(profile: str) -> dict:
     from pdlab.metrics import SLO
     from pdlab.sched.placement import SEARCH_PROFILES, place
@@ -201,7 +250,13 @@ def main() -> None:
     ap.add_argument("--peer-limit", type=int, default=None, help="only the first N requests (default: all)")
     ap.add_argument("--peer-max-batched-tokens", type=int, default=8192, help="tokens per pass in both (chunk size)")
     ap.add_argument("--peer-ablate", action="store_true", help="also run the ablations that test each mechanism")
+    ap.add_argument("--peer-planner", action="store_true",
+                    help="P:D chosen by Dynamo's offline planner beside pdlab place on a trace slice")
+    ap.add_argument("--planner-limit", type=int, default=600, help="requests of the trace slice (default 600)")
     args = ap.parse_args()
+    if args.peer_planner:
+        bench_peer_planner(args.planner_limit)
+        return
     if args.peer:
         bench_peer(args.peer, args.repeat, args.peer_limit, args.peer_max_batched_tokens, args.peer_ablate)
         return
