@@ -37,8 +37,6 @@ PARAMETER_ALLOWLIST = {
                                      "ripple through all of them",
     ("serve/deploy.py", "disaggregated"): "ports and placements of a live vLLM deployment, called by keyword from "
                                           "the CLI and lab 01, 03, 04, 05 and 06 notebooks",
-    ("serve/overload.py", "overload_matrix"): "the live overload experiment of lab 06 (capacity, loads, the "
-                                              "admission model and its files); called once, from lab 06",
 }
 
 #: Functions longer than MAX_FUNCTION_LINES, left as they are: ``(module, function) -> reason``.

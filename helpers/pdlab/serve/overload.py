@@ -35,7 +35,8 @@ from pdlab.serve.evidence import scrape_metrics
 from pdlab.workloads import Request
 
 __all__ = ["REJECTED", "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff",
-           "saturation_capacity", "ResourceSampler", "OverloadRow", "overload_run", "overload_matrix"]
+           "saturation_capacity", "ResourceSampler", "OverloadRow", "overload_run", "AdmissionSettings",
+           "overload_matrix"]
 
 #: How the client's error text starts for a request the proxy refused on arrival.
 REJECTED = "HTTP 503"
@@ -240,20 +241,33 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     return row, recs
 
 
-def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: SLO, *, capacity_rps: float,
-                    loads: Sequence[float], duration_s: float, model: PrefillModel, handoff_s: float,
-                    profile_path: str | Path, tokenizer: str | Path, seed: int = 0,
-                    request_timeout_s: float = 120.0, headroom: float = 1.0
-                    ) -> list[tuple[OverloadRow, list[RequestRecord]]]:
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """The proxy's early rejection in :func:`overload_matrix`: the fitted prefill ``model`` (saved at
+    ``profile_path``), the measured ``handoff_s``, the ``tokenizer`` the proxy counts prompts with,
+    and ``headroom`` (admit when the predicted TTFT ≤ headroom × the SLO)."""
+
+    model: PrefillModel
+    handoff_s: float
+    profile_path: str | Path
+    tokenizer: str | Path
+    headroom: float = 1.0
+
+    def proxy_args(self, ttft_slo_s: float) -> list[str]:
+        """The proxy's command-line flags that turn this admission on."""
+        return ["--admission-profile", str(self.profile_path), "--ttft-slo", f"{ttft_slo_s:g}",
+                "--handoff", f"{self.handoff_s:.6f}", "--tokenizer", str(self.tokenizer),
+                "--admission-headroom", f"{self.headroom:g}"]
+
+
+def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: SLO, admission: AdmissionSettings, *,
+                    capacity_rps: float, loads: Sequence[float], duration_s: float, seed: int = 0,
+                    request_timeout_s: float = 120.0) -> list[tuple[OverloadRow, list[RequestRecord]]]:
     """Each load (× ``capacity_rps``) for ``duration_s`` through ``dep``'s proxy with and without early
-    rejection. The two designs alternate which goes first from one load to the next (drift of the
-    machine falls on both); both get the same arrivals and prompt lengths at a load
-    (``workload(rate, n)``); ``headroom``: admit when the predicted TTFT ≤ headroom × the SLO. The proxy
-    is restarted for each run and left without admission."""
-    designs = {"early rejection": ["--admission-profile", str(profile_path), "--ttft-slo", f"{slo.ttft_s:g}",
-                                   "--handoff", f"{handoff_s:.6f}", "--tokenizer", str(tokenizer),
-                                   "--admission-headroom", f"{headroom:g}"],
-               "no admission": []}
+    rejection (``admission``). The two designs alternate which goes first from one load to the next
+    (drift of the machine falls on both); both get the same arrivals and prompt lengths at a load
+    (``workload(rate, n)``). The proxy is restarted for each run and left without admission."""
+    designs = {"early rejection": admission.proxy_args(slo.ttft_s), "no admission": []}
     out = []
     try:
         for i, x in enumerate(loads):
@@ -261,9 +275,9 @@ def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: S
             requests = workload(rate, max(4, int(round(rate * duration_s))))
             for design in (list(designs) if i % 2 == 0 else list(designs)[::-1]):
                 dep.restart_proxy(designs[design])
-                out.append(overload_run(dep, requests, slo, design=design, load_x=x, rate_rps=rate, model=model,
-                                        handoff_s=handoff_s, seed=seed + i, request_timeout_s=request_timeout_s,
-                                        headroom=headroom))
+                out.append(overload_run(dep, requests, slo, design=design, load_x=x, rate_rps=rate,
+                                        model=admission.model, handoff_s=admission.handoff_s, seed=seed + i,
+                                        request_timeout_s=request_timeout_s, headroom=admission.headroom))
     finally:
         dep.restart_proxy()
     return out
