@@ -35,9 +35,9 @@ from typing import Any
 from pdlab.metrics import SLO
 from pdlab.sim.peers import (
     PeerSettings,
-    _max_context,
     dynamo_engine_args,
     dynamo_replay_kwargs,
+    max_context,
     peers_python,
     write_dynamo_profile,
 )
@@ -215,7 +215,7 @@ def run_dynamo_planner(trace: str | Path, settings: PeerSettings, slo: SLO, work
     if py is None or not Path(py).exists():
         raise FileNotFoundError("no peers environment (.venv-peers): run scripts/install_peers.sh")
     workdir = Path(workdir)
-    max_ctx = _max_context(trace)
+    max_ctx = max_context(trace)
     profile = write_dynamo_profile(settings, workdir / "dynamo_profile_planner.npz", max_context=max_ctx)
     cfg = planner_config(slo, settings, target=target, report_dir=workdir / "planner_reports", **config)
     request = {"trace": str(trace), "kwargs": planner_replay_kwargs(settings, profile, cfg, max_model_len=max_ctx)}

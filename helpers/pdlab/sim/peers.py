@@ -60,7 +60,7 @@ __all__ = ["PeerSettings", "PEER_MODES", "METRICS", "MECHANISMS", "peers_python"
            "write_dynamo_profile", "dynamo_engine_args", "dynamo_replay_kwargs", "dynamo_metrics",
            "run_pdlab", "run_dynamo", "compare_rows", "format_table", "disagreements", "write_trace_slice",
            "chunked_prefill_s", "diff_summary",
-           "prefill_busy_fraction"]
+           "prefill_busy_fraction", "max_context"]
 
 PEER_MODES = ("colocated", "disaggregated")
 
@@ -267,7 +267,7 @@ def run_dynamo(trace: str | Path, settings: PeerSettings, workdir: str | Path, *
     py = Path(python) if python else peers_python()
     if py is None or not Path(py).exists():
         raise FileNotFoundError("no peers environment (.venv-peers): run scripts/install_peers.sh")
-    max_ctx = _max_context(trace)
+    max_ctx = max_context(trace)
     profile = write_dynamo_profile(settings, Path(workdir) / f"dynamo_profile_{settings.mode}.npz", max_context=max_ctx)
     request = {"trace": str(trace), "kwargs": dynamo_replay_kwargs(settings, profile)}
     runner = Path(__file__).with_name("dynamo_replay.py")
@@ -279,7 +279,7 @@ def run_dynamo(trace: str | Path, settings: PeerSettings, workdir: str | Path, *
     return dynamo_metrics(json.loads(lines[-1])) | {"dynamo_version": json.loads(lines[-1]).get("dynamo_version")}
 
 
-def _max_context(trace: str | Path) -> int:
+def max_context(trace: str | Path) -> int:
     """Longest prompt + output in a Mooncake JSONL file (tokens): the profile tables' range."""
     longest = 1
     with open(trace) as f:
