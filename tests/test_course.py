@@ -84,3 +84,19 @@ def test_run_reports_failure_for_a_broken_notebook(tmp_path):
     nbformat.write(_nb(params, boom), path)
     res = course.run_notebook(path, tmp_path / "out.ipynb", profile="ci")
     assert res.status == "failed" and "broken on purpose" in res.error
+
+
+def test_a_solution_cell_without_an_id_gets_a_stable_one(tmp_path):
+    """nbformat fills a missing cell id with a random one; the build writes a stable id instead, so
+    two builds give the same student copy (a new cell pasted without an id made copies flap)."""
+    import json
+
+    nb = _nb(nbformat.v4.new_markdown_cell("# t"), nbformat.v4.new_code_cell("x = 1"))
+    raw = json.loads(nbformat.writes(nb))
+    del raw["cells"][1]["id"]
+    path = tmp_path / "s.ipynb"
+    path.write_text(json.dumps(raw))
+    assert course.normalize_solution(path)
+    first = json.loads(path.read_text())["cells"][1]["id"]
+    assert not course.normalize_solution(path) and json.loads(path.read_text())["cells"][1]["id"] == first
+    assert json.loads(path.read_text())["cells"][0]["id"] == "c0"

@@ -10,6 +10,7 @@ Cells tagged ``solution`` are dropped from the copy.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 from collections.abc import Iterable
@@ -149,8 +150,12 @@ def normalize_solution(path: Path) -> bool:
     """Strip outputs and editor metadata from a solution, set the course kernel; True if changed."""
     nb = nbformat.read(path, as_version=4)
     before = _dumps(nb)
-    for cell in nb.cells:
+    raw_cells = json.loads(path.read_text()).get("cells", [])
+    for i, cell in enumerate(nb.cells):
         _clean_cell(cell)
+        if i < len(raw_cells) and "id" not in raw_cells[i]:   # nbformat filled in a random id: make it stable
+            cell["id"] = hashlib.sha1(f"{i}:{cell.source}".encode()).hexdigest()[:8]
+            before = ""
     nb.metadata = {"kernelspec": dict(KERNELSPEC),
                    "language_info": {"name": "python"}}
     after = _dumps(nb)
