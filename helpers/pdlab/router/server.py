@@ -32,7 +32,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import ClientTimeout, web
+from aiohttp import web
 
 from pdlab.router.policies import (
     LoadEstimator,
@@ -42,8 +42,6 @@ from pdlab.router.policies import (
     TargetLoad,
 )
 from pdlab.serve.plumbing import (
-    ENDPOINTS,
-    attach_client_session,
     client_session,
     error_response,
     forwarded_headers,
@@ -51,6 +49,7 @@ from pdlab.serve.plumbing import (
     new_stats,
     read_request,
     relay,
+    relay_app,
 )
 
 __all__ = ["RouterConfig", "RouterState", "Router", "RouterServer", "make_router_app", "prompt_counter",
@@ -246,12 +245,8 @@ class Router:
     def app(self) -> web.Application:
         """A fresh aiohttp application serving this router."""
         cfg = self.config
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        attach_client_session(app, ClientTimeout(total=None, connect=cfg.connect_timeout_s,
-                                                 sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s))
-        for path in ENDPOINTS:
-            app.router.add_post(path, self.handle)
-        app.router.add_get("/health", self.health)
+        app = relay_app(self.handle, self.health, connect_timeout_s=cfg.connect_timeout_s,
+                        read_timeout_s=cfg.read_timeout_s)
         app.router.add_get("/router/stats", self.stats)
         return app
 

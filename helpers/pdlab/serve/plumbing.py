@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 __all__ = ["ENDPOINTS", "BadRequest", "validate_request", "error_response", "read_request", "new_stats",
-           "backend_status", "backend_error_response", "forwarded_headers", "attach_client_session",
+           "backend_status", "backend_error_response", "forwarded_headers", "attach_client_session", "relay_app",
            "client_session", "health_response", "relay"]
 
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}  # path → request kind
@@ -138,6 +138,20 @@ def attach_client_session(app: web.Application, timeout: ClientTimeout) -> None:
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
+
+
+def relay_app(handle: Any, health: Any, *, connect_timeout_s: float, read_timeout_s: float | None) -> web.Application:
+    """An aiohttp application that relays: ``handle`` on every path of :data:`ENDPOINTS`,
+    ``health`` on ``/health``, and one upstream session whose reads time out after
+    ``read_timeout_s`` of silence (s; no total limit: a stream lasts as long as it talks).
+    The caller adds its own GET routes."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    attach_client_session(app, ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s,
+                                             sock_read=read_timeout_s))
+    for path in ENDPOINTS:
+        app.router.add_post(path, handle)
+    app.router.add_get("/health", health)
+    return app
 
 
 def client_session(request: web.Request) -> ClientSession:

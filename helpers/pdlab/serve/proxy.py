@@ -39,8 +39,6 @@ from aiohttp import ClientError, ClientTimeout, web
 
 from pdlab.serve.admission import PrefillModel, TTFTAdmission
 from pdlab.serve.plumbing import (
-    ENDPOINTS,
-    attach_client_session,
     backend_error_response,
     client_session,
     error_response,
@@ -48,6 +46,7 @@ from pdlab.serve.plumbing import (
     new_stats,
     read_request,
     relay,
+    relay_app,
 )
 
 __all__ = ["ProxyConfig", "ProxyState", "ProxyTiming", "ProxiedRequest", "PDProxy", "BackendLimits", "make_app",
@@ -250,12 +249,8 @@ class PDProxy:
     def app(self) -> web.Application:
         """A fresh aiohttp application serving this proxy."""
         cfg = self.config
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        attach_client_session(app, ClientTimeout(total=None, connect=cfg.connect_timeout_s,
-                                                 sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s))
-        for path in ENDPOINTS:
-            app.router.add_post(path, self.handle)
-        app.router.add_get("/health", self.health)
+        app = relay_app(self.handle, self.health, connect_timeout_s=cfg.connect_timeout_s,
+                        read_timeout_s=cfg.read_timeout_s)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/proxy/stats", self.stats)
         app.router.add_get("/proxy/timings", self.timings)

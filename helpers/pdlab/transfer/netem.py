@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pdlab.transfer.bench import run_trials
 from pdlab.transfer.kvbuffer import BLOCK_BYTES
 from pdlab.transfer.measurement import VerificationError
+from pdlab.transfer.netns import namespace_status
 
 __all__ = ["EmulationUnavailable", "EmulatedLink", "emulation_status", "emulated_link", "replay_kv_transfer",
            "tbf_burst_bytes"]
@@ -48,17 +49,13 @@ def _run(*cmd: str) -> subprocess.CompletedProcess:
 
 
 def emulation_status() -> tuple[bool, str]:
-    """``(possible, reason)``: root, ``ip`` and ``tc`` present, and a namespace can be created."""
-    if os.geteuid() != 0:
-        return False, "needs root to create network namespaces (run as root, or skip this section)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return False, f"`{tool}` not found: apt-get install iproute2"
-    name = f"pdlabprobe{os.getpid()}"
-    made = _run("ip", "netns", "add", name)
-    if made.returncode != 0:
-        return False, f"`ip netns add` failed: {made.stderr.strip()}"
-    _run("ip", "netns", "del", name)
+    """``(possible, reason)``: what :func:`pdlab.transfer.netns.namespace_status` checks (root,
+    ``ip``, a namespace can be created), and ``tc`` present."""
+    ok, why = namespace_status()
+    if not ok:
+        return False, f"{why} (or skip this section)"
+    if shutil.which("tc") is None:
+        return False, "`tc` not found: apt-get install iproute2"
     return True, ""
 
 
