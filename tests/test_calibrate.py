@@ -29,6 +29,7 @@ from pdlab.calibrate import (
 from pdlab.metrics import SLO, RequestRecord
 from pdlab.serve.probes import PROBE_PLANS, ProbePlan
 from pdlab.sim.latency import FittedLatency, load_profile, sample_points
+from pdlab.simreal.records import Admission, Calibration, Contention, LinkFit
 from pdlab.workloads import make_requests
 
 TRUE = FittedLatency((0.004, 2.0e-5, 3.0e-9), (0.003, 1.0e-7, 2.0e-4))
@@ -144,12 +145,13 @@ def test_fit_handoff_recovers_latency_and_per_token_time():
     pts = [{"tokens": n, "ttft_s": TRUE.prefill_time_s([n]) + TRUE.decode_time_s([n]) + 0.012 + 2e-6 * n}
            for n in (32, 256, 1024)]
     link = fit_handoff(pts, TRUE)
-    assert math.isclose(link["latency_s"], 0.012, rel_tol=1e-6)
-    assert math.isclose(link["s_per_token"], 2e-6, rel_tol=1e-6)
-    assert link["mae_s"] < 1e-9 and link["points"] == 3
+    assert isinstance(link, LinkFit)
+    assert math.isclose(link.latency_s, 0.012, rel_tol=1e-6)
+    assert math.isclose(link.s_per_token, 2e-6, rel_tol=1e-6)
+    assert link.mae_s < 1e-9 and link.points == 3
     # a proxy path faster than the model (residuals clipped to 0) gives a finite error, not a ratio over 0
     fast = fit_handoff([{**p, "ttft_s": p["ttft_s"] - 0.5} for p in pts], TRUE)
-    assert fast["latency_s"] == 0.0 and fast["mae_s"] < 1e-9
+    assert fast.latency_s == 0.0 and fast.mae_s < 1e-9
     with pytest.raises(ValueError, match=">= 2 hand-off points"):
         fit_handoff(pts[:1], TRUE)
     with pytest.raises(ValueError, match="distinct prompt lengths"):
@@ -157,24 +159,66 @@ def test_fit_handoff_recovers_latency_and_per_token_time():
 
 
 # ------------------------------------------------------------------ profile files
-def test_saved_profile_loads_in_the_simulator(tmp_path):
-    lat = fit_profile(_points(), meta={"source": "test", "kv_link": {"latency_s": 0.01, "s_per_token": 0.0}})
-    path = save_calibration(lat, tmp_path / "p.json")
+def _measured_calibration() -> Calibration:
+    lat = fit_profile(_points(), meta={"source": "test"})
+    pts = _points()
+    return Calibration(
+        lat, [p for p in pts if p["prefill_tokens"] > 0], [p for p in pts if p["decode_batch"] > 0],
+        [{"tokens": 32, "ttft_s": 0.05, "samples": 3}, {"tokens": 512, "ttft_s": 0.2, "samples": 3}],
+        kv_link=LinkFit(latency_s=0.01, s_per_token=2e-6, mae_s=1e-4, points=2),
+        contention=Contention(prompt_tokens=1024, decode_streams=16, prefill_alone_s=0.2, prefill_busy_s=0.25,
+                              decode_alone_s=0.01, decode_busy_s=0.011, prefill=0.25, decode=0.1),
+        admission=Admission(streams=8, stream_prompt=256, side_prompt=16, side_requests=12, period_s=0.4,
+                            itl_alone_s=0.01, itl_busy_s=0.009, gaps_busy=300, raw_overhead_s=-0.04,
+                            overhead_s=0.0),
+        seconds=12.5)
+
+
+def test_saved_calibration_round_trips_its_values(tmp_path):
+    cal = _measured_calibration()
+    path = save_calibration(cal, tmp_path / "p.json")
     data = json.loads(path.read_text())
-    assert data["format"] == "pdlab-latency-profile/1" and len(data["prefill"]) == 3
-    back = load_profile(path)
-    assert np.allclose(back.prefill, lat.prefill) and np.allclose(back.decode, lat.decode)
-    assert load_calibration(path).meta["kv_link"]["latency_s"] == 0.01
+    # the on-disk keys are the profile's, as before the typed records
+    assert data["format"] == "pdlab-latency-profile/1" and data["prefill"] == list(cal.latency.prefill)
+    assert data["kv_link"] == {"latency_s": 0.01, "s_per_token": 2e-6, "mae_s": 1e-4, "points": 2}
+    assert data["cpu_contention"]["prefill"] == 0.25 and data["cpu_contention"]["decode_busy_s"] == 0.011
+    assert data["admission"]["raw_overhead_s"] == -0.04 and data["calibration_s"] == 12.5
+    assert data["source"] == "test" and len(data["points"]) == len(_points()) and len(data["handoff_points"]) == 2
+    back = load_calibration(path)
+    assert (back.kv_link, back.contention, back.admission) == (cal.kv_link, cal.contention, cal.admission)
+    assert back.seconds == 12.5 and back.handoff_points == cal.handoff_points
+    assert back.prefill_points == cal.prefill_points and back.decode_points == cal.decode_points
+    assert back.latency.prefill == cal.latency.prefill and back.latency.decode == cal.latency.decode
+    assert back.latency.meta["fit"] == cal.latency.meta["fit"]
+    assert Calibration.from_dict(cal.to_dict()).contention == cal.contention
+    plain = load_profile(path)   # the simulator's reader sees the same model, the records in its meta
+    assert plain.prefill == cal.latency.prefill and plain.meta["kv_link"]["latency_s"] == 0.01
+    with pytest.raises(TypeError, match="needs a Calibration"):
+        save_calibration(cal.latency, tmp_path / "q.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"prefill": [1, 2], "decode": [1, 2, 3]}')
     with pytest.raises(ValueError, match="three numbers"):
         load_calibration(bad)
 
 
+def test_records_read_hand_written_and_older_profile_entries():
+    """Profiles written before the typed records, or by hand, keep their keys; a partial entry reads."""
+    link = LinkFit.from_dict({"latency_s": 1e-3})
+    assert (link.latency_s, link.s_per_token, link.points) == (1e-3, 0.0, 0) and math.isnan(link.mae_s)
+    c = Contention.from_dict({"prefill": 0.5})
+    assert (c.prefill, c.decode) == (0.5, 0.0) and math.isnan(c.prefill_alone_s)
+    a = Admission.from_dict({"overhead_s": 0.06})
+    assert a.overhead_s == 0.06 and a.raw_overhead_s == 0.06 and a.streams == 0
+    lat = fit_profile(_points(), meta={"kv_link": {"latency_s": 0.01, "s_per_token": 0.0}})
+    cal = Calibration.from_latency(lat)
+    assert cal.kv_link.latency_s == 0.01 and cal.contention is None and cal.admission is None
+    assert cal.prefill_points == () and cal.latency.meta["kv_link"]["latency_s"] == 0.01
+
+
 def test_pdlab_simulate_accepts_the_profile(tmp_path, capsys):
     from pdlab.cli import main
 
-    path = save_calibration(fit_profile(_points()), tmp_path / "p.json")
+    path = save_calibration(Calibration(fit_profile(_points())), tmp_path / "p.json")
     rc = main(["simulate", "--synthetic", "--requests", "50", "--rate", "5", "--mode", "chunked",
                "--gpu", "h100-sxm", "--model", "llama-3-8b", "--profile", str(path), "--json"])
     assert rc == 0
@@ -240,8 +284,7 @@ def test_disaggregated_sim_applies_measured_contention_and_vllm_handoff():
 
 
 def test_requests_from_records_uses_send_times_and_server_tokens():
-    recs = [RequestRecord(0, 100.5, 64, 8, 100.6, 101.0, extra={"server_prompt_tokens": 65,
-                                                                "target_output_tokens": 8}),
+    recs = [RequestRecord(0, 100.5, 64, 8, 100.6, 101.0, extra={"target_output_tokens": 8}, server_prompt_tokens=65),
             RequestRecord(1, 100.0, 32, 4, 100.1, 100.4)]
     reqs = requests_from_records(recs)
     assert [r.arrival_s for r in reqs] == [0.0, 0.5]

@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "pdlab.router": 4, "pdlab.router.sim": 4, "pdlab.router.policies": 4,
     "pdlab.calibrate": 4,  # pure fits and replays; the live probes are pdlab.serve.probes
     "pdlab.aic_compare": 4, "pdlab.validation": 4,
+    "pdlab.simreal": 4,  # sim-to-real: typed calibration records (what the live probes measured)
     "pdlab.sim.dynamo_planner": 4,  # Dynamo's planner in its replay beside pdlab place (uses sched.placement)
     "pdlab.roofline.gpu_profile": 4, "pdlab.roofline.gpu_profile_files": 4, "pdlab.roofline.steps": 4,  # measure and fit sim latency: calibration
     # 5 — live serving (serve/: engines, proxy, bench client, streaming, model building), router server and client

@@ -9,19 +9,20 @@ import math
 import pytest
 from pdlab.metrics import RequestRecord
 from pdlab.serve import probes
+from pdlab.simreal.records import Calibration, Contention
 
 
 def _stream(rid: int, prompt: int, first_s: float, step_s: float, tokens: int) -> RequestRecord:
     """A finished stream whose tokens arrived every ``step_s`` seconds from ``first_s``."""
     times = [first_s + k * step_s for k in range(tokens)]
     return RequestRecord(rid, 0.0, prompt, tokens, first_token_s=times[0], finish_s=times[-1],
-                         token_times_s=times, extra={"server_prompt_tokens": prompt + 1})
+                         token_times_s=times, server_prompt_tokens=prompt + 1)
 
 
 def _burst(rid: int, prompt: int, at_s: float, tokens: int) -> RequestRecord:
     """A stream the client read in one burst: every token at the same instant."""
     return RequestRecord(rid, 0.0, prompt, tokens, first_token_s=at_s, finish_s=at_s,
-                         token_times_s=[at_s] * tokens, extra={"server_prompt_tokens": prompt + 1})
+                         token_times_s=[at_s] * tokens, server_prompt_tokens=prompt + 1)
 
 
 class _ScriptedBench:
@@ -80,7 +81,7 @@ def test_probe_prefill_takes_the_median_ttft_per_server_length(monkeypatch):
     def bench(url, requests, *, seed, max_concurrency=None, **kwargs):
         assert max_concurrency == 1  # one prompt at a time
         return [RequestRecord(r.request_id, 0.0, r.prompt_tokens, 1, first_token_s=r.prompt_tokens * 1e-4 + 0.01 * (i % 3),
-                              finish_s=1.0, extra={"server_prompt_tokens": r.prompt_tokens + 1})
+                              finish_s=1.0, server_prompt_tokens=r.prompt_tokens + 1)
                 for i, r in enumerate(requests)]
 
     monkeypatch.setattr(probes, "_bench", bench)
@@ -144,7 +145,7 @@ class _ScriptedEngine:
                 n = r.prompt_tokens + 1
                 t = PRE[0] + PRE[1] * n + PRE[2] * n * n
                 out.append(RequestRecord(r.request_id, 0.0, r.prompt_tokens, 1, first_token_s=t, finish_s=t,
-                                         token_times_s=[t], extra={"server_prompt_tokens": n}))
+                                         token_times_s=[t], server_prompt_tokens=n))
             return out
         b = len(requests)                                     # decode probe: b streams in lockstep
         times = [0.1]
@@ -154,7 +155,7 @@ class _ScriptedEngine:
         for r in requests:
             out.append(RequestRecord(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, first_token_s=times[0],
                                      finish_s=times[-1], token_times_s=list(times),
-                                     extra={"server_prompt_tokens": r.prompt_tokens + 1}))
+                                     server_prompt_tokens=r.prompt_tokens + 1))
         return out
 
 
@@ -178,13 +179,17 @@ def test_calibrate_recovers_the_scripted_engine(monkeypatch):
 def test_calibrate_two_servers_probes_decode_there_and_records_contention(monkeypatch):
     engine = _ScriptedEngine()
     monkeypatch.setattr(probes, "_bench", engine)
-    monkeypatch.setattr(probes, "probe_contention", lambda url, decode_url, **kw: {"prefill": 0.1, "decode": 0.2})
+    measured = Contention(prompt_tokens=1024, decode_streams=16, prefill_alone_s=0.2, prefill_busy_s=0.22,
+                          decode_alone_s=0.01, decode_busy_s=0.012, prefill=0.1, decode=0.2)
+    monkeypatch.setattr(probes, "probe_contention", lambda url, decode_url, **kw: measured)
     plan = probes.ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 8), decode_prompts=(32, 128),
                             decode_tokens=16, repeats=1, decode_repeats=1, max_probe_tokens=2048, prefill_passes=2)
     res = probes.calibrate("http://p", plan=plan, decode_url="http://d")
     assert [c[0] for c in engine.calls] == ["http://p"] + ["http://d"] * 4 + ["http://p"]   # second prefill pass last
     assert all(p["passes"] == 2 and p["samples"] == 2 for p in res.prefill_points)
-    assert res.contention == {"prefill": 0.1, "decode": 0.2} == res.latency.meta["cpu_contention"]
+    assert isinstance(res, Calibration) and res.contention == measured
+    assert res.latency.meta["cpu_contention"] == measured.to_dict()   # the profile form rides in meta
+    assert Calibration.from_latency(res.latency).contention == measured
     assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
     with pytest.raises(ValueError, match="unknown probe plan"):
         probes.calibrate("http://p", plan="nope")

@@ -84,8 +84,8 @@ def test_outcome_record_follows_vllm_bench_serve():
     assert rec.ok and rec.arrival_s == 0.0
     assert rec.ttft_s == pytest.approx(0.5) and rec.e2e_s == pytest.approx(1.0)
     assert rec.output_tokens == 4 and rec.tpot_s == pytest.approx(0.5 / 3)  # usage, not the chunk count
-    assert rec.prompt_tokens == 8 and rec.extra["server_prompt_tokens"] == 9  # client's count, as prompt_len
-    assert rec.instance == "P0" and rec.extra == {"k": 1, "server_prompt_tokens": 9, "route": "P0"}
+    assert rec.prompt_tokens == 8 and rec.server_prompt_tokens == 9  # client's count, as prompt_len
+    assert rec.instance == "P0" and rec.extra == {"k": 1, "route": "P0"}
     assert rec.token_times_s == pytest.approx([0.5, 0.7, 1.0])
 
 

@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, percentiles, slo_attainment, tpot_s, ttft_s
-from pdlab.sim.latency import PROFILE_FORMAT, FittedLatency, load_profile, save_profile
+from pdlab.sim.latency import PROFILE_FORMAT, FittedLatency, load_profile
+from pdlab.simreal.records import Calibration, Contention, LinkFit
 from pdlab.workloads import Request
 
 __all__ = [
@@ -165,10 +166,10 @@ def fit_profile(points: Iterable[Mapping[str, Any]], *, decode_points: Iterable[
     return FittedLatency(prefill, decode, meta=m)
 
 
-def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) -> dict[str, float]:
+def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) -> LinkFit:
     """KV hand-off from proxy TTFTs: ttft − prefill(l) − decode step(1, l) = latency_s + l·s_per_token.
 
-    Returns ``{"latency_s", "s_per_token", "mae_s", "points"}``: non-negative least squares on the
+    Returns a :class:`~pdlab.simreal.records.LinkFit`: non-negative least squares on the
     residual times (a negative residual — the proxy path faster than the model says — is clipped
     to 0); ``mae_s`` is the fit's mean absolute error in seconds. (A relative error is not
     reported: clipped residuals near 0 would make it meaningless.)
@@ -188,29 +189,34 @@ def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) 
     coef, _ = nnls(a / scale, rest)
     coef = coef / scale
     pred = a @ coef
-    return {"latency_s": float(coef[0]), "s_per_token": float(coef[1]),
-            "mae_s": float(np.mean(np.abs(pred - rest))), "points": len(rest)}
+    return LinkFit(latency_s=float(coef[0]), s_per_token=float(coef[1]),
+                   mae_s=float(np.mean(np.abs(pred - rest))), points=len(rest))
 
 
 # ---------------------------------------------------------------------------------------------
 # Profiles
 
 
-def save_calibration(result: Any, path: str | Path) -> Path:
-    """Write the profile JSON (``pdlab-latency-profile/1``; readable by ``load_profile``)."""
-    lat = result if isinstance(result, FittedLatency) else result.latency   # or a CalibrationResult
-    path = save_profile(lat, path)
-    json.loads(path.read_text())  # written as valid JSON
+def save_calibration(calibration: Calibration, path: str | Path) -> Path:
+    """Write ``calibration`` as a profile JSON (``pdlab-latency-profile/1``, :meth:`Calibration.to_dict`;
+    readable by ``load_profile`` and :func:`load_calibration`). Creates the parent folder."""
+    if not isinstance(calibration, Calibration):
+        raise TypeError(f"save_calibration needs a Calibration, got {type(calibration).__name__} "
+                        "(wrap a fitted model: Calibration.from_latency(latency))")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(calibration.to_dict(), indent=2) + "\n")
     return path
 
 
-def load_calibration(path: str | Path) -> FittedLatency:
-    """Read a calibrated profile (``load_profile``; the points, fit and ``kv_link`` are in ``meta``)."""
+def load_calibration(path: str | Path) -> Calibration:
+    """Read a calibrated profile: the model (checked by ``load_profile``) and the typed measurements
+    its ``meta`` holds (:meth:`Calibration.from_latency`)."""
     lat = load_profile(path)
     fmt = json.loads(Path(path).read_text()).get("format")
     if fmt not in (None, PROFILE_FORMAT):
         raise ValueError(f"{path}: unknown profile format {fmt!r}; expected {PROFILE_FORMAT}")
-    return lat
+    return Calibration.from_latency(lat)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +225,8 @@ def load_calibration(path: str | Path) -> FittedLatency:
 
 def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatency | None = None,
               kv_capacity_tokens: int = 131072, token_budget: int = 2048, max_num_seqs: int = 128,
-              kv_link: Mapping[str, float] | None = None, cpu_contention: Mapping[str, float] | None = None,
+              kv_link: LinkFit | Mapping[str, float] | None = None,
+              cpu_contention: Contention | Mapping[str, float] | None = None,
               handoff_reservation: str = "vllm", link_sharing: str = "fair",
               admit_overhead_s: float = 0.0):
     """A :class:`pdlab.sim.Simulator` shaped like the live set-up.
@@ -227,17 +234,19 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     ``colocated``: one instance, vLLM V1 scheduling = chunked prefill with ``token_budget``
     (``--max-num-batched-tokens``) and ``max_num_seqs``. ``disaggregated``: one prefill instance
     (``latency``) and one decode instance (``decode_latency``, default ``latency``) joined by a
-    link with ``kv_link`` = ``{"latency_s", "s_per_token"}`` (default: ``latency.meta["kv_link"]``,
-    else instantaneous), and the hand-off physics of vLLM's NIXL connector
+    link with ``kv_link`` (a :class:`~pdlab.simreal.records.LinkFit`, or its profile form
+    ``{"latency_s", "s_per_token"}``; default: the one ``latency.meta`` holds, else instantaneous),
+    and the hand-off physics of vLLM's NIXL connector
     (:mod:`pdlab.sim.engine`): the decode instance reserves the prompt's KV before the pull and
     starts none while ``max_num_seqs`` requests run (``handoff_reservation="vllm"``), concurrent
     pulls share the link (``link_sharing="fair"``), and each role is slowed by the other's work
-    by ``cpu_contention`` = ``{"prefill": c_p, "decode": c_d}`` (default:
-    ``latency.meta["cpu_contention"]``, measured by :func:`pdlab.serve.probes.probe_contention`; else none),
+    by ``cpu_contention`` (a :class:`~pdlab.simreal.records.Contention` or
+    ``{"prefill": c_p, "decode": c_d}``; default: the one ``latency.meta`` holds, measured by
+    :func:`pdlab.serve.probes.probe_contention`; else none),
     and every handed-off request adds ``admit_overhead_s`` to the decode step that admits it
     (default 0, not read from the profile: :func:`pdlab.serve.probes.probe_admission` stores its
-    measurement in ``latency.meta["admission"]``, but on the course's 2-core CPU it moves with the
-    machine's other load, even changing sign between runs; lab 05 replays with and without it. Pass
+    measurement (:class:`~pdlab.simreal.records.Admission`) in ``latency.meta``, but on the
+    course's 2-core CPU it moves with the machine's other load, even changing sign between runs; lab 05 replays with and without it. Pass
     it explicitly where the probe resolves it, e.g. on a GPU host).
     """
     from pdlab.sim import ClusterSpec, KVLink, PoolSpec, build_cluster
@@ -249,12 +258,13 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
         return build_cluster(ClusterSpec([pool], dispatch="round_robin"))
     if mode != "disaggregated":
         raise ValueError(f"mode must be colocated or disaggregated, got {mode!r}")
-    link = dict(kv_link if kv_link is not None else latency.meta.get("kv_link") or {})
-    s_per_token = float(link.get("s_per_token", 0.0))
-    kvl = KVLink(kv_bytes_per_token=1.0, bandwidth_bytes_per_s=1.0 / s_per_token if s_per_token > 0 else None,
-                 latency_s=float(link.get("latency_s", 0.0)), sharing=link_sharing)
-    contention = dict(cpu_contention if cpu_contention is not None else latency.meta.get("cpu_contention") or {})
-    shared = {role: float(contention.get(role, 0.0)) for role in ("prefill", "decode")}
+    measured = Calibration.from_latency(latency)
+    link = _record(LinkFit, kv_link) if kv_link is not None else measured.kv_link or LinkFit(0.0, 0.0)
+    kvl = KVLink(kv_bytes_per_token=1.0,
+                 bandwidth_bytes_per_s=1.0 / link.s_per_token if link.s_per_token > 0 else None,
+                 latency_s=link.latency_s, sharing=link_sharing)
+    contention = _record(Contention, cpu_contention) if cpu_contention is not None else measured.contention
+    shared = {"prefill": contention.prefill if contention else 0.0, "decode": contention.decode if contention else 0.0}
     group = "host" if any(shared.values()) else None
     common = dict(token_budget=token_budget, max_num_seqs=max_num_seqs, max_batched_tokens=token_budget,
                   cpu_group=group)
@@ -266,9 +276,14 @@ def build_sim(mode: str, latency: FittedLatency, *, decode_latency: FittedLatenc
     return build_cluster(ClusterSpec(pools, link=kvl, dispatch="shortest_queue"))
 
 
+def _record(cls: type, value: Any) -> Any:
+    """``value`` as the typed record ``cls``: itself, or read from its profile form (a mapping)."""
+    return value if isinstance(value, cls) else cls.from_dict(value)
+
+
 def server_prompt_tokens(rec: RequestRecord) -> int:
     """The prompt's length as the server counted it (``usage.prompt_tokens``), else as requested."""
-    return int(rec.extra.get("server_prompt_tokens", rec.prompt_tokens))
+    return int(rec.server_prompt_tokens if rec.server_prompt_tokens is not None else rec.prompt_tokens)
 
 
 def requests_from_records(records: Sequence[RequestRecord], *, use_server_tokens: bool = True) -> list[Request]:

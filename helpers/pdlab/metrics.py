@@ -58,7 +58,8 @@ class RequestRecord:
     """What happened to one request. Times are absolute seconds on one clock.
 
     ``token_times_s`` holds the time of every output token (the first included) when known; the
-    simulator fills it unless told not to, the live client fills it from streamed chunks. A
+    simulator fills it unless told not to, the live client fills it from streamed chunks. ``prompt_tokens``
+    is the client's count, ``server_prompt_tokens`` the server's (live runs; None when unknown). A
     request that failed has ``ok=False`` and an ``error`` message; its latency fields may be None.
 
     >>> r = RequestRecord(0, arrival_s=1.0, prompt_tokens=100, output_tokens=5, first_token_s=1.5, finish_s=3.5)
@@ -78,6 +79,9 @@ class RequestRecord:
     instance: str = ""
     preemptions: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The prompt's length as the server counted it (``usage.prompt_tokens``, tokens); None when the
+    #: server did not say (simulated runs, or a response without ``usage``).
+    server_prompt_tokens: int | None = None
 
     @property
     def ttft_s(self) -> float | None:

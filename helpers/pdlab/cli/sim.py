@@ -80,7 +80,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             f"(R² {fit['decode']['r2']:.3f}, mean |err| {fit['decode']['mape']:.1%}, {fit['decode']['points']} points)"]
     if res.kv_link is not None:
         link = res.kv_link
-        text.append(f"  KV hand-off = {link['latency_s'] * 1e3:.3f} ms + {link['s_per_token'] * 1e6:.3f} µs/token")
+        text.append(f"  KV hand-off = {link.latency_s * 1e3:.3f} ms + {link.s_per_token * 1e6:.3f} µs/token")
     text.append(f"use it: pdlab simulate --profile {path} ...")
     emit({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in payload.items()}, args.json,
          "\n".join(text))

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from pdlab.calibrate import fit_handoff, fit_profile, server_prompt_tokens
 from pdlab.metrics import RequestRecord
-from pdlab.sim.latency import FittedLatency
+from pdlab.simreal.records import Admission, Calibration, Contention
 from pdlab.workloads import Request
 
-__all__ = ["ProbePlan", "PROBE_PLANS", "CalibrationResult", "probe_prefill", "merge_prefill_points", "probe_decode",
+__all__ = ["ProbePlan", "PROBE_PLANS", "probe_prefill", "merge_prefill_points", "probe_decode",
            "decode_window", "probe_handoff", "probe_contention", "probe_admission", "calibrate", "server_kv_capacity_tokens",
            "contention_factor", "admission_overhead_s"]
 
@@ -276,13 +276,14 @@ def admission_overhead_s(period_s: float, m_alone: float, m_busy: float) -> floa
 
 def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 1024, repeats: int = 3,
                      decode_streams: int = 16, decode_prompt: int = 256, decode_tokens: int = 48, seed: int = 0,
-                     **bench_kwargs: Any) -> dict[str, float]:
+                     **bench_kwargs: Any) -> Contention:
     """How much each role slows down while the other one works (two servers on one host).
 
     Prefill: the median TTFT of ``repeats`` single ``prompt_tokens``-token prompts, alone and
     while ``decode_streams`` streams decode on ``decode_url``. Decode: the decode step of
     ``decode_streams`` streams (their mean token gap while all decode, as :func:`probe_decode`),
-    alone and while prompts are prefilled back to back on ``prefill_url``. Returns the times (s) and ``prefill``/``decode`` = max(0, busy/alone − 1):
+    alone and while prompts are prefilled back to back on ``prefill_url``. Returns a
+    :class:`~pdlab.simreal.records.Contention`: the times (s) and ``prefill``/``decode`` = max(0, busy/alone − 1):
     the simulator's ``InstanceSpec.cpu_contention`` of each role (an iteration takes
     ``1 + cpu_contention`` times as long while the other instance is busy). Measured, not fitted:
     on the course's 2-core CPU the roles are pinned to a core each but share the last-level
@@ -330,16 +331,16 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
     prefill_busy = while_busy(decodes, prefills)
     decode_alone = decodes(2)
     decode_busy = while_busy(prefills, decodes)
-    return {"prompt_tokens": int(prompt_tokens), "decode_streams": int(decode_streams),
-            "prefill_alone_s": prefill_alone, "prefill_busy_s": prefill_busy,
-            "decode_alone_s": decode_alone, "decode_busy_s": decode_busy,
-            "prefill": contention_factor(prefill_alone, prefill_busy),
-            "decode": contention_factor(decode_alone, decode_busy)}
+    return Contention(prompt_tokens=int(prompt_tokens), decode_streams=int(decode_streams),
+                      prefill_alone_s=prefill_alone, prefill_busy_s=prefill_busy,
+                      decode_alone_s=decode_alone, decode_busy_s=decode_busy,
+                      prefill=contention_factor(prefill_alone, prefill_busy),
+                      decode=contention_factor(decode_alone, decode_busy))
 
 
 def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream_prompt: int = 256,
                     side_prompt: int = 16, side_requests: int = 12, period_s: float = 0.4, seed: int = 0,
-                    **bench_kwargs: Any) -> dict[str, float]:
+                    **bench_kwargs: Any) -> Admission:
     """Seconds each request handed off through the proxy takes from the streams already decoding.
 
     ``streams`` streams of ``stream_prompt``-token prompts decode on ``decode_url``: alone, then
@@ -350,8 +351,9 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
     prompts keep the prefill role's own contention out (a 16-token prefill is a few ms), so F is
     the per-request work on the decode role's cores that a step-time model does not see: the
     decode API server's HTTP and tokenisation of the prompt, the connector's bookkeeping, and on
-    a shared CPU the proxy's and the client's work. Returns the times (s) and ``overhead_s`` =
-    max(0, F): the simulator's ``InstanceSpec.admit_overhead_s``.
+    a shared CPU the proxy's and the client's work. Returns an :class:`~pdlab.simreal.records.Admission`:
+    the times (s), F (``raw_overhead_s``) and ``overhead_s`` = max(0, F): the simulator's
+    ``InstanceSpec.admit_overhead_s``.
     """
     import threading
 
@@ -394,45 +396,27 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
     m_busy, n_busy = _mean_itl(busy, first_side, window_end)
     m_alone = float(np.nanmean([_mean_itl(run, *decode_window(run))[0] for run in (before, after)]))
     overhead = admission_overhead_s(period_s, m_alone, m_busy)
-    return {"streams": int(streams), "stream_prompt": int(stream_prompt), "side_prompt": int(side_prompt),
-            "side_requests": int(side_requests), "period_s": float(period_s), "itl_alone_s": m_alone,
-            "itl_busy_s": m_busy, "gaps_busy": n_busy, "raw_overhead_s": overhead, "overhead_s": max(0.0, overhead)}
+    return Admission(streams=int(streams), stream_prompt=int(stream_prompt), side_prompt=int(side_prompt),
+                     side_requests=int(side_requests), period_s=float(period_s), itl_alone_s=m_alone,
+                     itl_busy_s=m_busy, gaps_busy=n_busy, raw_overhead_s=overhead, overhead_s=max(0.0, overhead))
 
 
 # ---------------------------------------------------------------------------------------------
 # Calibration end to end
 
 
-@dataclass
-class CalibrationResult:
-    """A calibrated latency model, the points it was fitted to, and the KV hand-off (if probed)."""
-
-    latency: FittedLatency
-    prefill_points: list[dict[str, float]]
-    decode_points: list[dict[str, float]]
-    handoff_points: list[dict[str, float]] = field(default_factory=list)
-    kv_link: dict[str, float] | None = None
-    seconds: float = 0.0
-    contention: dict[str, float] | None = None
-    admission: dict[str, float] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"prefill": list(self.latency.prefill), "decode": list(self.latency.decode),
-                "fit": self.latency.meta.get("fit"), "kv_link": self.kv_link, "seconds": self.seconds,
-                "cpu_contention": self.contention, "admission": self.admission}
-
-
 def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None = None,
               proxy_url: str | None = None, seed: int = 0, meta: dict[str, Any] | None = None,
-              **bench_kwargs: Any) -> CalibrationResult:
-    """Probe ``url`` (prefill) and ``decode_url`` (decode; default ``url``), fit, and return the model.
+              **bench_kwargs: Any) -> Calibration:
+    """Probe ``url`` (prefill) and ``decode_url`` (decode; default ``url``), fit, and return the
+    :class:`~pdlab.simreal.records.Calibration` (its ``latency.meta`` carries the measurements too).
 
     With ``proxy_url`` (a disaggregation proxy in front of those servers) the KV hand-off is
     probed too and fitted as a link with a fixed latency and a per-token time (``kv_link``).
     With two servers (``decode_url`` ≠ ``url``) each role's slowdown while the other works is
-    measured (:func:`probe_contention`, ``meta["cpu_contention"]``), and with a proxy too, what
+    measured (:func:`probe_contention`, ``contention``), and with a proxy too, what
     each handed-off request costs the running decode streams (:func:`probe_admission`,
-    ``meta["admission"]``).
+    ``admission``).
     ``plan`` is a :class:`ProbePlan` or a key of :data:`PROBE_PLANS`.
     """
 
@@ -459,21 +443,13 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
         passes.append(probe_prefill(url, plan.prefill_lengths, repeats=plan.repeats, seed=seed + 5, **bench_kwargs))
     pre = merge_prefill_points(*passes)
     info = {"source": "pdlab sim calibrate", "url": url, "decode_url": decode_url or url,
-            "probe_plan": asdict(plan), "points": pre + dec, **(meta or {})}
-    lat = fit_profile(pre, decode_points=dec, meta=info)
-    link = None
+            "probe_plan": asdict(plan), **(meta or {})}
     if proxy_url:
-        link = fit_handoff(handoff, lat)
-        lat.meta["kv_link"] = link
-        lat.meta["handoff_points"] = handoff
-        lat.meta["proxy_url"] = proxy_url
-    if contention is not None:
-        lat.meta["cpu_contention"] = contention
-    if admission is not None:
-        lat.meta["admission"] = admission
-    res = CalibrationResult(lat, pre, dec, handoff, link, time.perf_counter() - t0, contention, admission)
-    lat.meta["calibration_s"] = res.seconds
-    return res
+        info["proxy_url"] = proxy_url
+    lat = fit_profile(pre, decode_points=dec, meta=info)
+    link = fit_handoff(handoff, lat) if proxy_url else None
+    return Calibration(lat, pre, dec, handoff, kv_link=link, contention=contention, admission=admission,
+                       seconds=time.perf_counter() - t0)
 
 
 def server_kv_capacity_tokens(url: str, default: int | None = None) -> int:

@@ -104,7 +104,7 @@ def outcome_record(outcome: StreamOutcome, *, request_id: Any, sent_s: float, pr
     (its arrival). TTFT is the first chunk, the request ends at its last content chunk, and every
     chunk is one token time. Output tokens come from the server's ``usage`` (the chunk count
     without it). ``prompt_tokens`` is the client's count, as vLLM's ``prompt_len`` (the server's
-    ``usage`` count when none is given); the server's count is kept in ``extra["server_prompt_tokens"]``.
+    ``usage`` count when none is given); the server's count is ``server_prompt_tokens``.
     A failed request has ``ok=False``, its error, no ``finish_s``, and the chunk times seen until
     it failed. The router's ``X-Route`` header goes to ``instance`` and ``extra["route"]``.
     """
@@ -114,7 +114,7 @@ def outcome_record(outcome: StreamOutcome, *, request_id: Any, sent_s: float, pr
                         output_tokens=int(usage.get("completion_tokens") or len(times)), ok=outcome.ok,
                         error=outcome.error or "", extra=dict(extra or {}))
     if usage.get("prompt_tokens") is not None:
-        rec.extra["server_prompt_tokens"] = int(usage["prompt_tokens"])
+        rec.server_prompt_tokens = int(usage["prompt_tokens"])
         if not prompt_tokens:
             rec.prompt_tokens = int(usage["prompt_tokens"])
     if times:
