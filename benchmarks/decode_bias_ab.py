@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-from pdlab.calibrate import decode_steps_vs_model, fit_profile
 from pdlab.metrics import tpot_s
 from pdlab.paths import build_dir
 from pdlab.serve import disaggregated, free_port
@@ -35,6 +34,7 @@ from pdlab.serve.bench import build_workload, run_bench
 from pdlab.serve.evidence import scrape_metrics
 from pdlab.serve.modelbuild import build_model
 from pdlab.serve.probes import PROBE_PLANS, probe_decode, probe_prefill
+from pdlab.simreal.calibrate import decode_steps_vs_model, fit_profile
 
 TICK = os.sysconf("SC_CLK_TCK")
 

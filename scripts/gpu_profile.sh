@@ -5,7 +5,7 @@
 #   scripts/gpu_profile.sh --size smoke --out build/gpu-profile  # seconds; on a CPU too (make test runs it)
 #
 # A thin wrapper around `pdlab gpu-profile` (helpers/pdlab/cli/gpu_profile.py; the work is in
-# helpers/pdlab/roofline/gpu_profile.py); every argument is passed on (--help lists them).
+# helpers/pdlab/simreal/gpu_profile.py); every argument is passed on (--help lists them).
 # It uses the repository's .venv when there is one, else `python3` with pdlab installed, else
 # (a bare GPU image with torch and numpy but without this package installed) `python3` with the
 # repository's helpers/ on PYTHONPATH.

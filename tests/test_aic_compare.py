@@ -1,7 +1,13 @@
-"""pdlab.aic_compare: pdlab's analytic latency against AIConfigurator (skipped without the `aic` extra)."""
+"""pdlab.simreal.aic_compare: pdlab's analytic latency against AIConfigurator (skipped without the `aic` extra)."""
 
 import pytest
-from pdlab.aic_compare import REFERENCE_POINTS, aic_available, aic_comparison, aic_estimate, pdlab_estimate
+from pdlab.simreal.aic_compare import (
+    REFERENCE_POINTS,
+    aic_available,
+    aic_comparison,
+    aic_estimate,
+    pdlab_estimate,
+)
 
 
 def test_pdlab_side_reproduces_the_issue_figures():
@@ -27,7 +33,7 @@ def test_aic_reference_point_and_table():
 
 
 def test_missing_aiconfigurator_is_a_clear_error(monkeypatch):
-    import pdlab.aic_compare as ac
+    import pdlab.simreal.aic_compare as ac
 
     monkeypatch.setattr(ac, "aic_available", lambda: False)
     with pytest.raises(ImportError, match="pip install"):

@@ -1,4 +1,4 @@
-"""Unit tests of pdlab.calibrate: fitting (known coefficients recovered, bad input → clear errors),
+"""Unit tests of pdlab.simreal.calibrate: fitting (known coefficients recovered, bad input → clear errors),
 profiles readable by the simulator, simulator set-ups, and the error table. No live server."""
 
 from __future__ import annotations
@@ -8,7 +8,10 @@ import math
 
 import numpy as np
 import pytest
-from pdlab.calibrate import (
+from pdlab.metrics import SLO, RequestRecord
+from pdlab.serve.probes import PROBE_PLANS, ProbePlan
+from pdlab.sim.latency import FittedLatency, load_profile, sample_points
+from pdlab.simreal.calibrate import (
     ERROR_COLUMNS,
     TTFT_PHASES,
     build_sim,
@@ -26,9 +29,6 @@ from pdlab.calibrate import (
     sim_ttft_phases,
     simulate_like_live,
 )
-from pdlab.metrics import SLO, RequestRecord
-from pdlab.serve.probes import PROBE_PLANS, ProbePlan
-from pdlab.sim.latency import FittedLatency, load_profile, sample_points
 from pdlab.simreal.records import Admission, Calibration, Contention, LinkFit
 from pdlab.workloads import make_requests
 
@@ -420,7 +420,7 @@ def _varied_run(lat, seed=0, n=120, rate=6.0):
 def test_run_decode_points_and_refit_recover_the_decode_row_from_the_run_itself():
     """Observe then predict: the quiet steps of a run that follows TRUE give back TRUE's decode row
     (a probe-fitted latency whose decode row is 2× off is corrected; prefill and meta are kept)."""
-    from pdlab.calibrate import refit_decode_on_run, run_decode_points
+    from pdlab.simreal.calibrate import refit_decode_on_run, run_decode_points
 
     recs = _varied_run(TRUE)
     pts = run_decode_points(recs)
@@ -440,7 +440,7 @@ def test_run_decode_points_and_refit_recover_the_decode_row_from_the_run_itself(
 
 def test_run_decode_points_ignore_zero_gaps_and_noisy_steps():
     """Burst reads (0 s gaps) do not make a point; a run without steps that vary cannot be refitted."""
-    from pdlab.calibrate import refit_decode_on_run, run_decode_points
+    from pdlab.simreal.calibrate import refit_decode_on_run, run_decode_points
 
     t = [0.1 + 0.01 * k for k in range(10)]
     burst = RequestRecord(0, 0.0, 100, 10, 0.5, 0.5, token_times_s=[0.5] * 10)

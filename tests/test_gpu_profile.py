@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 from pdlab.cli import main as cli_main
 from pdlab.paths import repo_root
-from pdlab.roofline.gpu_profile import (
+from pdlab.roofline.measure import list_profiles
+from pdlab.roofline.measure import load_device_profile as load_roofline
+from pdlab.sim.latency import load_profile as load_latency
+from pdlab.simreal.gpu_profile import (
     FORMAT,
     find_gpu_profiles,
     gpu_profile_command,
@@ -22,10 +25,7 @@ from pdlab.roofline.gpu_profile import (
     roofline_rows,
     step_rows,
 )
-from pdlab.roofline.measure import list_profiles
-from pdlab.roofline.measure import load_device_profile as load_roofline
-from pdlab.roofline.steps import nnls_small
-from pdlab.sim.latency import load_profile as load_latency
+from pdlab.simreal.steps import nnls_small
 
 
 def _positive(x) -> bool:
@@ -155,8 +155,8 @@ def test_aiconfigurator_annotation(monkeypatch, tmp_path):
     """--annotate adds AIConfigurator's step predictions (its estimator replaced by a stand-in here)."""
     from dataclasses import asdict
 
-    import pdlab.aic_compare as aic
-    import pdlab.roofline.gpu_profile as gpm
+    import pdlab.simreal.aic_compare as aic
+    import pdlab.simreal.gpu_profile as gpm
     from pdlab.models import get_model
 
     calls = []

@@ -32,11 +32,10 @@ LAYERS: dict[str, int] = {
     # router's simulation and policies, calibration fits, sim-vs-real statistics
     "pdlab.sched": 4, "pdlab.sched.deploy_export": 4,  # placements written as Dynamo / llm-d deployments
     "pdlab.router": 4, "pdlab.router.sim": 4, "pdlab.router.policies": 4,
-    "pdlab.calibrate": 4,  # pure fits and replays; the live probes are pdlab.serve.probes
-    "pdlab.aic_compare": 4, "pdlab.validation": 4,
-    "pdlab.simreal": 4,  # sim-to-real: typed calibration records (what the live probes measured)
+    # sim-to-real: typed calibration records, pure fits and replays (the live probes are pdlab.serve.probes),
+    # sim-vs-real statistics, AIConfigurator comparison, the GPU profile (measure and fit sim latency)
+    "pdlab.simreal": 4,
     "pdlab.sim.dynamo_planner": 4,  # Dynamo's planner in its replay beside pdlab place (uses sched.placement)
-    "pdlab.roofline.gpu_profile": 4, "pdlab.roofline.gpu_profile_files": 4, "pdlab.roofline.steps": 4,  # measure and fit sim latency: calibration
     # 5 — live serving (serve/: engines, proxy, bench client, streaming, model building), router server and client
     "pdlab.serve": 5, "pdlab.router.server": 5, "pdlab.router.client": 5,
     # 6 — course, widgets, exercises, cli

@@ -1,9 +1,9 @@
-"""pdlab.validation: MAPE, KS, bootstrap TOST on medians, tables and CDF overlays on known samples."""
+"""pdlab.simreal.validation: MAPE, KS, bootstrap TOST on medians, tables and CDF overlays on known samples."""
 
 import numpy as np
 import pytest
 from pdlab.metrics import RequestRecord
-from pdlab.validation import (
+from pdlab.simreal.validation import (
     cdf_overlay,
     compare_samples,
     ks_test,

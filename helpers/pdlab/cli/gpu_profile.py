@@ -42,7 +42,7 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdlab.roofline.gpu_profile import PARTS, handoff_rows, roofline_rows, run_gpu_profile, step_rows
+    from pdlab.simreal.gpu_profile import PARTS, handoff_rows, roofline_rows, run_gpu_profile, step_rows
 
     if args.annotate:
         return _annotate(args)
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 def _annotate(args: argparse.Namespace) -> int:
     import json
 
-    from pdlab.roofline.gpu_profile import add_aiconfigurator, load_gpu_profile
+    from pdlab.simreal.gpu_profile import add_aiconfigurator, load_gpu_profile
 
     profile = load_gpu_profile(args.annotate)
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -53,8 +53,8 @@ def fit_prefill_model(prefill_url: str, lengths: Sequence[int], *, repeats: int 
 
     Returns the model and the probe points (``prefill_tokens``, ``time_s`` = median TTFT).
     """
-    from pdlab.calibrate import fit_row
     from pdlab.serve.probes import probe_prefill
+    from pdlab.simreal.calibrate import fit_row
 
     if len(set(lengths)) < 3:
         raise ValueError(f"need ≥ 3 distinct prompt lengths to fit a, b and c, got {list(lengths)}")

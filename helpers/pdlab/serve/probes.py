@@ -7,7 +7,7 @@ servers, each role's slowdown while the other works (:func:`probe_contention`) a
 handed-off request costs the streams already decoding (:func:`probe_admission`). All go through
 the course's benchmark client (:func:`pdlab.serve.bench.run_bench`) with random single-token-word
 prompts (no prefix-cache hits) and the server's own token counts. :func:`calibrate` runs a
-:class:`ProbePlan` and fits the result with the pure functions of :mod:`pdlab.calibrate`.
+:class:`ProbePlan` and fits the result with the pure functions of :mod:`pdlab.simreal.calibrate`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from pdlab.calibrate import fit_handoff, fit_profile, server_prompt_tokens
 from pdlab.metrics import RequestRecord
+from pdlab.simreal.calibrate import fit_handoff, fit_profile, server_prompt_tokens
 from pdlab.simreal.records import Admission, Calibration, Contention
 from pdlab.workloads import Request
 

@@ -1,7 +1,7 @@
 """What a calibration measured, as typed records with one home.
 
 The live probes (:mod:`pdlab.serve.probes`) return these; the pure fits and replays
-(:mod:`pdlab.calibrate`) read them. In a profile JSON (``pdlab-latency-profile/1``, read by
+(:mod:`pdlab.simreal.calibrate`) read them. In a profile JSON (``pdlab-latency-profile/1``, read by
 :func:`pdlab.sim.latency.load_profile`) each record is one key of the profile, written by its
 ``to_dict`` and read back by its ``from_dict``: ``kv_link`` (:class:`LinkFit`), ``cpu_contention``
 (:class:`Contention`), ``admission`` (:class:`Admission`), beside ``points``, ``handoff_points`` and
@@ -44,7 +44,7 @@ def _read(cls: type, data: Mapping[str, Any], defaults: Mapping[str, Any]) -> An
 @dataclass(frozen=True)
 class LinkFit:
     """The KV hand-off fitted on TTFTs through the disaggregation proxy
-    (:func:`pdlab.calibrate.fit_handoff`): a hand-off of l tokens takes ``latency_s + l·s_per_token``.
+    (:func:`pdlab.simreal.calibrate.fit_handoff`): a hand-off of l tokens takes ``latency_s + l·s_per_token``.
 
     ``latency_s``: fixed time per hand-off (s; proxy, transfer set-up, decode-side work).
     ``s_per_token``: time per prompt token moved (s/token).

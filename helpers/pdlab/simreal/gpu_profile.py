@@ -14,7 +14,7 @@ and this package only:
    and shared memory between two processes (``shm`` of :mod:`pdlab.transfer.bench`, CRC-32). On a
    CPU the CUDA paths are listed under ``skipped`` with the reason, and shared memory is the
    analogue of the IPC path. Sizes are notebook 03's (:func:`pdlab.transfer.sizes.sizes_for_profile`).
-3. **steps** — whole-model forward steps (:mod:`pdlab.roofline.steps`; Llama-3-8B shape with
+3. **steps** — whole-model forward steps (:mod:`pdlab.simreal.steps`; Llama-3-8B shape with
    random weights in bf16 on a GPU, a tiny Llama-shaped model in fp32 for the CPU smoke size) at
    several batches and lengths, fitted to the simulator's latency profile
    (:func:`pdlab.sim.latency.fit_latency`, written with :func:`pdlab.sim.latency.save_profile`),
@@ -32,7 +32,7 @@ Files written to ``out_dir`` (``<name>`` is the catalog GPU key, e.g. ``h200``, 
 - ``<name>-latency.json`` — the fitted latency profile: ``pdlab simulate --profile FILE``.
 - ``<name>-roofline.json`` — the roofline alone (:func:`pdlab.roofline.measure.load_device_profile`).
 
-Reading, writing and the notebooks' tables are in :mod:`pdlab.roofline.gpu_profile_files` (re-exported
+Reading, writing and the notebooks' tables are in :mod:`pdlab.simreal.gpu_profile_files` (re-exported
 here).
 
 Sizes: ``full`` (a GPU: under 8 minutes on one H200) and ``smoke`` (seconds; on a 2-core CPU well
@@ -50,7 +50,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from pdlab.roofline.gpu_profile_files import (
+from pdlab.simreal.gpu_profile_files import (
     FORMAT,
     GpuProfile,
     find_gpu_profiles,
@@ -285,11 +285,11 @@ def add_aiconfigurator(profile: GpuProfile, *, backend: str = "vllm",
                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fill in AIConfigurator's prediction of every step point (``aiconfigurator_s``) where it can.
 
-    Uses :func:`pdlab.aic_compare.aic_estimate` (static mode, NVIDIA's database of kernels measured
+    Uses :func:`pdlab.simreal.aic_compare.aic_estimate` (static mode, NVIDIA's database of kernels measured
     on that GPU): a prefill point ``(B, S)`` is the TTFT of ``B`` prompts of ``S`` tokens; a decode
     point ``(B, C)`` the TPOT of ``B`` requests with ``C − 1`` prompt tokens and 2 output tokens (one
     decode step at context ``C``). Only for the full Llama-3-8B on a GPU that AIConfigurator maps
-    (:data:`pdlab.aic_compare.AIC_SYSTEMS`); otherwise, or without the optional ``aic`` extra, the
+    (:data:`pdlab.simreal.aic_compare.AIC_SYSTEMS`); otherwise, or without the optional ``aic`` extra, the
     reason is recorded. Runs on a CPU (about 5 s a point), so a profile measured on a bare GPU
     image can be annotated later: ``pdlab gpu-profile --annotate FILE``. Returns ``data["aiconfigurator"]``.
     """
@@ -305,7 +305,7 @@ def add_aiconfigurator(profile: GpuProfile, *, backend: str = "vllm",
 
     if not _aic_installed():
         return skip("aiconfigurator is not installed (optional extra: pip install -e '.[aic]')")
-    from pdlab.aic_compare import AIC_MODELS, AIC_SYSTEMS
+    from pdlab.simreal.aic_compare import AIC_MODELS, AIC_SYSTEMS
 
     if not steps.get("points"):
         return skip("no step points to predict")
@@ -316,7 +316,7 @@ def add_aiconfigurator(profile: GpuProfile, *, backend: str = "vllm",
         return skip(f"AIConfigurator models whole catalog models; this profile timed {model.get('name')!r}")
     if gpu not in AIC_SYSTEMS:
         return skip(f"AIConfigurator has no database for {data['device'].get('name')!r} (maps {', '.join(AIC_SYSTEMS)})")
-    from pdlab.aic_compare import aic_available, aic_estimate
+    from pdlab.simreal.aic_compare import aic_available, aic_estimate
 
     if not aic_available():
         return skip("aiconfigurator is installed but does not import")
@@ -375,7 +375,7 @@ def _measure(size: str, device: str, parts: Iterable[str], name: str | None, com
 
     from pdlab.hardware import cpu_flags, detect_device
     from pdlab.roofline.measure import match_catalog_gpu, measure_device
-    from pdlab.roofline.steps import fit_step_profile, measure_steps
+    from pdlab.simreal.steps import fit_step_profile, measure_steps
 
     t0 = time.perf_counter()
     say = progress or (lambda msg: None)

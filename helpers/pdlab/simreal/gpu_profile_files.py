@@ -1,4 +1,4 @@
-"""The files and tables of a GPU profile (:mod:`pdlab.roofline.gpu_profile` measures one).
+"""The files and tables of a GPU profile (:mod:`pdlab.simreal.gpu_profile` measures one).
 
 ``<name>-gpu-profile.json`` (``"format": "pdlab-gpu-profile/1"``) is written by
 :func:`save_gpu_profile` together with the fitted latency profile (``<name>-latency.json``, written
@@ -66,7 +66,7 @@ def _json_default(value: Any) -> Any:
 
 @dataclass
 class GpuProfile:
-    """A GPU profile as written by :func:`pdlab.roofline.gpu_profile.run_gpu_profile` (the JSON in ``data``)."""
+    """A GPU profile as written by :func:`pdlab.simreal.gpu_profile.run_gpu_profile` (the JSON in ``data``)."""
 
     data: dict[str, Any]
     path: Path | None = None
@@ -114,7 +114,7 @@ class GpuProfile:
 
 
 def load_gpu_profile(path: str | Path) -> GpuProfile:
-    """Read a ``*-gpu-profile.json`` written by :func:`pdlab.roofline.gpu_profile.run_gpu_profile`; ValueError names what is wrong."""
+    """Read a ``*-gpu-profile.json`` written by :func:`pdlab.simreal.gpu_profile.run_gpu_profile`; ValueError names what is wrong."""
     path = Path(path)
     data = read_json(path, "GPU profile")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
