@@ -125,7 +125,7 @@ def test_probe_plans_are_identifiable_and_bad_plans_rejected():
 
 
 def test_merge_prefill_points_takes_the_median_over_every_pass():
-    from pdlab.serve.probes import merge_prefill_points
+    from pdlab.simreal.calibrate import merge_prefill_points
 
     a = [{"prefill_tokens": 256, "prefill_sq_tokens": 256.0**2, "decode_batch": 0, "decode_ctx_tokens": 0,
           "time_s": 0.05, "samples": 3, "kind": "prefill", "times_s": [0.04, 0.05, 0.09]}]

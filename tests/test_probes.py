@@ -9,6 +9,7 @@ import math
 import pytest
 from pdlab.metrics import RequestRecord
 from pdlab.serve import probes
+from pdlab.simreal.calibrate import admission_overhead_s, contention_factor, merge_prefill_points
 from pdlab.simreal.records import Calibration, Contention
 
 
@@ -97,7 +98,7 @@ def test_merge_prefill_points_keeps_each_pass_median_and_the_pooled_median():
     a = [{"prefill_tokens": 16, "time_s": 0.010, "times_s": [0.009, 0.010, 0.011]}]
     b = [{"prefill_tokens": 16, "time_s": 0.020, "times_s": [0.019, 0.020, 0.021]},
          {"prefill_tokens": 256, "time_s": 0.050, "times_s": [0.050]}]
-    merged = {p["prefill_tokens"]: p for p in probes.merge_prefill_points(a, b)}
+    merged = {p["prefill_tokens"]: p for p in merge_prefill_points(a, b)}
     assert merged[16]["pass_medians_s"] == [0.010, 0.020] and merged[16]["samples"] == 6
     assert merged[16]["time_s"] == pytest.approx(0.015)  # median of the six samples, not of the two medians
     assert merged[256]["passes"] == 1 and merged[256]["time_s"] == 0.050
@@ -105,25 +106,25 @@ def test_merge_prefill_points_keeps_each_pass_median_and_the_pooled_median():
 
 # ---------------------------------------------------------------- the probes' formulas, pure
 def test_contention_factor_is_busy_over_alone_minus_one_floored_at_zero():
-    assert probes.contention_factor(0.200, 0.250) == pytest.approx(0.25)
-    assert probes.contention_factor(0.010, 0.030) == pytest.approx(2.0)
-    assert probes.contention_factor(0.200, 0.200) == 0.0
-    assert probes.contention_factor(0.200, 0.150) == 0.0        # faster while busy (noise): no contention
+    assert contention_factor(0.200, 0.250) == pytest.approx(0.25)
+    assert contention_factor(0.010, 0.030) == pytest.approx(2.0)
+    assert contention_factor(0.200, 0.200) == 0.0
+    assert contention_factor(0.200, 0.150) == 0.0        # faster while busy (noise): no contention
     for alone, busy in ((0.0, 0.1), (-0.1, 0.1), (float("nan"), 0.1), (float("inf"), 0.1), (0.1, float("nan"))):
-        assert math.isnan(probes.contention_factor(alone, busy)), (alone, busy)
+        assert math.isnan(contention_factor(alone, busy)), (alone, busy)
 
 
 def test_admission_overhead_is_period_times_one_minus_alone_over_busy():
     # T = 0.4 s, m0 = 10 ms, m1 = 12.5 ms: F = 0.4·(1 − 0.8) = 0.08 s; check: m0·T/(T − F) = 0.004/0.32 = 12.5 ms
-    assert probes.admission_overhead_s(0.4, 0.010, 0.0125) == pytest.approx(0.08)
+    assert admission_overhead_s(0.4, 0.010, 0.0125) == pytest.approx(0.08)
     assert 0.010 * 0.4 / (0.4 - 0.08) == pytest.approx(0.0125)
-    assert probes.admission_overhead_s(1.0, 0.010, 0.020) == pytest.approx(0.5)
-    assert probes.admission_overhead_s(0.4, 0.010, 0.010) == 0.0
-    assert probes.admission_overhead_s(0.4, 0.010, 0.008) == pytest.approx(-0.1)   # raw F is not clamped
+    assert admission_overhead_s(1.0, 0.010, 0.020) == pytest.approx(0.5)
+    assert admission_overhead_s(0.4, 0.010, 0.010) == 0.0
+    assert admission_overhead_s(0.4, 0.010, 0.008) == pytest.approx(-0.1)   # raw F is not clamped
     for m_busy in (0.0, -0.01, float("nan")):
-        assert math.isnan(probes.admission_overhead_s(0.4, 0.010, m_busy)), m_busy
-    assert math.isnan(probes.admission_overhead_s(0.4, float("nan"), 0.01))
-    assert math.isnan(probes.admission_overhead_s(float("nan"), 0.010, 0.01))
+        assert math.isnan(admission_overhead_s(0.4, 0.010, m_busy)), m_busy
+    assert math.isnan(admission_overhead_s(0.4, float("nan"), 0.01))
+    assert math.isnan(admission_overhead_s(float("nan"), 0.010, 0.01))
 
 
 # ---------------------------------------------------------------- calibrate end to end on a scripted server

@@ -50,6 +50,9 @@ __all__ = [
     "fit_row",
     "fit_profile",
     "fit_handoff",
+    "merge_prefill_points",
+    "contention_factor",
+    "admission_overhead_s",
     "save_calibration",
     "load_calibration",
     "build_sim",
@@ -191,6 +194,61 @@ def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) 
     pred = a @ coef
     return LinkFit(latency_s=float(coef[0]), s_per_token=float(coef[1]),
                    mae_s=float(np.mean(np.abs(pred - rest))), points=len(rest))
+
+
+# ---------------------------------------------------------------------------------------------
+# Probe arithmetic (the live probes that use it are pdlab.serve.probes)
+
+
+def merge_prefill_points(*passes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prefill points of several passes of :func:`pdlab.serve.probes.probe_prefill` as one: per prompt length (the
+    server's count), the median over every pass's samples; ``pass_medians_s`` keeps each pass's
+    own median, in pass order (how far the machine drifted between them)."""
+    by_len: dict[int, list[dict[str, Any]]] = {}
+    for points in passes:
+        for pt in points:
+            by_len.setdefault(int(pt["prefill_tokens"]), []).append(pt)
+    out = []
+    for n in sorted(by_len):
+        times = [t for pt in by_len[n] for t in pt.get("times_s", [pt["time_s"]])]
+        out.append({**by_len[n][0], "time_s": float(np.median(times)), "samples": len(times), "times_s": times,
+                    "passes": len(by_len[n]), "pass_medians_s": [float(pt["time_s"]) for pt in by_len[n]]})
+    return out
+
+
+def contention_factor(alone_s: float, busy_s: float) -> float:
+    """How much longer a step takes while the other role works: max(0, busy/alone − 1).
+
+    The simulator's ``InstanceSpec.cpu_contention`` (a step takes ``1 + c`` times as long). A
+    faster busy run (noise) gives 0; NaN when ``alone_s`` is not a positive finite time or
+    ``busy_s`` is NaN.
+
+    >>> contention_factor(0.200, 0.250)     # 25% slower while the other role works
+    0.25
+    >>> contention_factor(0.200, 0.190)     # faster by chance: no contention
+    0.0
+    """
+    if not (np.isfinite(alone_s) and alone_s > 0) or np.isnan(busy_s):
+        return float("nan")
+    return max(0.0, float(busy_s) / float(alone_s) - 1.0)
+
+
+def admission_overhead_s(period_s: float, m_alone: float, m_busy: float) -> float:
+    """Seconds each admitted request adds to the running decode streams: F = T·(1 − m0/m1).
+
+    With one arrival every ``period_s`` (T) seconds, each stretching one decode step by F, the
+    mean token gap m1 (``m_busy``) is m0·T/(T − F) where m0 (``m_alone``) is the gap without
+    arrivals; solved for F. Not clamped (:func:`pdlab.serve.probes.probe_admission` reports max(0, F) beside it);
+    NaN when ``m_busy`` is not a positive number or an input is NaN.
+
+    >>> round(admission_overhead_s(0.4, 0.010, 0.0125), 6)   # gaps 25% longer, one arrival per 0.4 s
+    0.08
+    >>> admission_overhead_s(0.4, 0.010, 0.010)              # no change: no overhead
+    0.0
+    """
+    if np.isnan(period_s) or np.isnan(m_alone) or not (m_busy > 0):
+        return float("nan")
+    return float(period_s) * (1.0 - float(m_alone) / float(m_busy))
 
 
 # ---------------------------------------------------------------------------------------------
