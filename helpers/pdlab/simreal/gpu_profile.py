@@ -196,30 +196,14 @@ class _HandoffRows:
 
 
 def _host_memcpy_row(size: int, repeats: int) -> dict[str, Any]:
-    """Host memcpy in one process at ``size`` bytes (median of at least 3), CRC-verified."""
-    import time as _time
+    """Host memcpy in one process at ``size`` bytes (:func:`pdlab.transfer.kvbuffer.memcpy_bandwidth`,
+    median of at least 3), CRC-verified."""
+    from pdlab.transfer.kvbuffer import memcpy_bandwidth
 
-    import numpy as np
-
-    from pdlab.transfer.kvbuffer import checksum, make_payload
-
-    src = make_payload(size)
-    dst = np.zeros_like(src)
-    np.copyto(dst, src)
-    times = []
-    for _ in range(max(3, repeats)):
-        dst[:] = 0
-        t0 = _time.perf_counter()
-        np.copyto(dst, src)
-        times.append(_time.perf_counter() - t0)
-    ok = checksum(dst) == checksum(src)
-    times.sort()
-    med = times[len(times) // 2]
-    return {"path": _HANDOFF_LABELS["host-memcpy"], "kind": "host-memcpy", "transport": "host-memcpy",
-            "size_bytes": size, "latency_s": med, "latency_min_s": times[0], "latency_max_s": times[-1],
-            "bandwidth_bytes_per_s": size / med, "bandwidth_min_bytes_per_s": size / times[-1],
-            "bandwidth_max_bytes_per_s": size / times[0], "repeats": len(times), "verified": ok,
-            "verified_by": "crc32"}
+    (m,) = memcpy_bandwidth([size], repeats=max(3, repeats), verify=True)
+    return {"path": _HANDOFF_LABELS["host-memcpy"], "kind": "host-memcpy", "transport": "host-memcpy", **m,
+            "bandwidth_min_bytes_per_s": size / m["latency_max_s"],
+            "bandwidth_max_bytes_per_s": size / m["latency_min_s"], "verified_by": "crc32"}
 
 
 def _handoff_cuda(out: _HandoffRows, device: str, sizes: list[int], repeats: int) -> None:

@@ -97,15 +97,16 @@ def checksum(buf: np.ndarray | memoryview | bytes) -> int:
     return zlib.crc32(memoryview(buf).cast("B")) & 0xFFFFFFFF
 
 
-def memcpy_bandwidth(sizes: list[int], repeats: int = 5) -> list[dict]:
+def memcpy_bandwidth(sizes: list[int], repeats: int = 5, *, verify: bool = False) -> list[dict]:
     """This machine's memcpy (``numpy.copyto`` of uint8, pages pre-faulted), per size.
 
     Returns one dict per size: ``size_bytes``, ``bandwidth_bytes_per_s`` (size / median time),
-    ``latency_s`` (median), ``latency_min_s``, ``latency_max_s``. Decimal units.
+    ``latency_s`` (median), ``latency_min_s``, ``latency_max_s``, ``repeats``. Decimal units.
+    ``verify``: copy a :func:`make_payload` buffer and add ``verified`` (CRC-32 of both ends equal).
     """
     rows = []
     for size in sizes:
-        src = np.ones(size, dtype=np.uint8)
+        src = make_payload(size) if verify else np.ones(size, dtype=np.uint8)
         dst = np.zeros(size, dtype=np.uint8)
         np.copyto(dst, src)  # fault in the pages of both buffers
         reps = max(repeats, 3 if size > 64 << 20 else 2 * repeats if size < 1 << 20 else repeats)
@@ -116,6 +117,7 @@ def memcpy_bandwidth(sizes: list[int], repeats: int = 5) -> list[dict]:
             times.append(time.perf_counter() - t0)
         med = statistics.median(times)
         rows.append({"size_bytes": size, "bandwidth_bytes_per_s": size / med, "latency_s": med,
-                     "latency_min_s": min(times), "latency_max_s": max(times)})
+                     "latency_min_s": min(times), "latency_max_s": max(times), "repeats": reps}
+                    | ({"verified": checksum(dst) == checksum(src)} if verify else {}))
         del src, dst
     return rows
