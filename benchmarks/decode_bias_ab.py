@@ -26,11 +26,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import psutil
 from pdlab.metrics import tpot_s
 from pdlab.paths import build_dir
 from pdlab.serve import disaggregated, free_port
 from pdlab.serve.bench import build_workload, run_bench
+from pdlab.serve.cpucost import tree_processes
 from pdlab.serve.evidence import scrape_metrics
 from pdlab.serve.modelbuild import build_model
 from pdlab.serve.probes import PROBE_PLANS, probe_decode, probe_prefill
@@ -54,12 +54,12 @@ def _threads(pid: int) -> dict[int, tuple[str, float, int]]:
 
 
 def _roles(dep) -> dict[str, list[int]]:
-    """Role → PIDs: each server's API process and its children (the engine core), the proxy, this client."""
+    """Role → PIDs: each server's API process and its descendants (the engine core), the proxy, this client."""
     roles: dict[str, list[int]] = {"client": [os.getpid()]}
     for s in dep.servers:
-        api = psutil.Process(s.process.pid)
+        api, *engine = tree_processes(s.process.pid)
         roles[f"{s.spec.role} API server"] = [api.pid]
-        roles[f"{s.spec.role} engine"] = [c.pid for c in api.children(recursive=True)]
+        roles[f"{s.spec.role} engine"] = [p.pid for p in engine]
     roles["proxy"] = [dep.proxy.pid]
     return roles
 
@@ -68,18 +68,23 @@ def _snapshot(roles):
     return {role: {pid: _threads(pid) for pid in pids} for role, pids in roles.items()}
 
 
+def _by_thread_name(before, after, role: str) -> tuple[dict[str, float], dict[str, set]]:
+    """CPU seconds between two snapshots per thread name of ``role``, and the cores each name was seen on."""
+    cpu_s: dict[str, float] = defaultdict(float)
+    cores: dict[str, set] = defaultdict(set)
+    for pid, threads in after[role].items():
+        for tid, (name, cpu, core) in threads.items():
+            cpu_s[name] += cpu - before[role].get(pid, {}).get(tid, (name, 0.0, core))[1]
+            cores[name].add(core)
+    return cpu_s, cores
+
+
 def _cpu_table(before, after, wall_s: float, top: int = 3) -> list[str]:
     lines = []
     for role in after:
-        per_name: dict[str, float] = defaultdict(float)
-        cores: dict[str, set] = defaultdict(set)
-        for pid, threads in after[role].items():
-            for tid, (name, cpu, core) in threads.items():
-                per_name[name] += cpu - before[role].get(pid, {}).get(tid, (name, 0.0, core))[1]
-                cores[name].add(core)
-        total = sum(per_name.values())
-        busiest = sorted(per_name.items(), key=lambda kv: -kv[1])[:top]
-        lines.append(f"  {role:<20} {total / wall_s:6.1%} of a core; busiest threads: " + ", ".join(
+        cpu_s, cores = _by_thread_name(before, after, role)
+        busiest = sorted(cpu_s.items(), key=lambda kv: -kv[1])[:top]
+        lines.append(f"  {role:<20} {sum(cpu_s.values()) / wall_s:6.1%} of a core; busiest threads: " + ", ".join(
             f"{n} {v / wall_s:.1%} (cores {sorted(cores[n])})" for n, v in busiest))
     return lines
 
@@ -87,30 +92,24 @@ def _cpu_table(before, after, wall_s: float, top: int = 3) -> list[str]:
 def _decode_engine_ms_per_token(before, after, tokens: float) -> str:
     """CPU ms per generated token (the engine's own counter) of the decode engine's busiest threads
     and of the decode API server (all threads)."""
-    def per_name(role: str) -> dict[str, float]:
-        out: dict[str, float] = defaultdict(float)
-        for pid, threads in after[role].items():
-            for tid, (name, cpu, _) in threads.items():
-                out[name] += cpu - before[role].get(pid, {}).get(tid, (name, 0.0, 0))[1]
-        return out
-
-    busiest = sorted(per_name("decode engine").items(), key=lambda kv: -kv[1])[:3]
-    api = sum(per_name("decode API server").values())
-    return (f"{tokens:,.0f} tokens; CPU per token: decode API server {api / tokens * 1e3:.2f} ms, decode engine "
-            + ", ".join(f"{n} {v / tokens * 1e3:.2f} ms" for n, v in busiest))
+    engine, _ = _by_thread_name(before, after, "decode engine")
+    api, _ = _by_thread_name(before, after, "decode API server")
+    busiest = sorted(engine.items(), key=lambda kv: -kv[1])[:3]
+    return (f"{tokens:,.0f} tokens; CPU per token: decode API server {sum(api.values()) / tokens * 1e3:.2f} ms, "
+            "decode engine " + ", ".join(f"{n} {v / tokens * 1e3:.2f} ms" for n, v in busiest))
 
 
 def _tokens(url: str) -> float:
     return scrape_metrics(url).total("vllm:generation_tokens_total")
 
 
-def _pin(pids, cpu: int) -> int:
-    """Pin every thread of each process to ``cpu``; returns how many threads were pinned."""
+def _pin(pids, cpus: set[int]) -> int:
+    """Set the CPU affinity of every thread of each process to ``cpus``; returns how many threads."""
     n = 0
     for pid in pids:
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
-                os.sched_setaffinity(int(task.name), {cpu})
+                os.sched_setaffinity(int(task.name), cpus)
                 n += 1
             except OSError:
                 pass
@@ -149,15 +148,11 @@ def main() -> None:
         for rnd in range(args.rounds):
             for cond in ("A, as deployed", "B, decode core reserved"):
                 if cond.startswith("B"):
-                    n = _pin(floating, 0)
-                else:
-                    n = 0
+                    n = _pin(floating, {0})
+                else:   # back to each process's own affinity
                     for p, cpus in default_affinity.items():
-                        for task in Path(f"/proc/{p}/task").iterdir():
-                            try:
-                                os.sched_setaffinity(int(task.name), cpus)
-                            except OSError:
-                                pass
+                        _pin([p], cpus)
+                    n = 0
                 load0 = os.getloadavg()[0]
                 before, tok0 = _snapshot(roles), _tokens(dec_url)
                 res = run_bench(dep.url, reqs, progress=False, seed=rnd)

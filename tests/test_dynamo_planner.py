@@ -15,6 +15,9 @@ DISAGG = PeerSettings(mode="disaggregated", prefill=2, decode=2)
 SLO_ = SLO(ttft_s=10.0, tpot_s=0.05)
 
 
+needs_peers = pytest.mark.skipif(peers_python() is None,
+                                 reason="no peers environment (.venv-peers): run scripts/install_peers.sh")
+
 def test_planner_config_sla():
     cfg = dp.planner_config(SLO_, DISAGG, target="sla", adjustment_interval_s=30, load_interval_s=10)
     assert cfg["mode"] == "disagg" and cfg["optimization_target"] == "sla"
@@ -98,9 +101,8 @@ def test_trace_workload(tmp_path):
     assert w.mean_prompt_tokens == pytest.approx(200.0) and w.mean_output_tokens == pytest.approx(20.0)
 
 
+@needs_peers
 def test_real_offline_planner_replay(tmp_path):
-    if peers_python() is None:
-        pytest.skip("no peers environment (.venv-peers): run scripts/install_peers.sh")
     trace = write_trace_slice(mooncake_trace_path("conversation"), tmp_path / "slice.jsonl", 150)
     try:
         run = dp.run_dynamo_planner(trace, DISAGG, SLO_, tmp_path, target="throughput", timeout_s=120)
@@ -111,9 +113,8 @@ def test_real_offline_planner_replay(tmp_path):
     assert run.summary["completed_requests"] == 150
 
 
+@needs_peers
 def test_sla_target_runs_or_names_what_is_missing(tmp_path):
-    if peers_python() is None:
-        pytest.skip("no peers environment (.venv-peers): run scripts/install_peers.sh")
     trace = write_trace_slice(mooncake_trace_path("conversation"), tmp_path / "slice.jsonl", 50)
     try:
         run = dp.run_dynamo_planner(trace, DISAGG, SLO_, tmp_path, target="sla", timeout_s=120)

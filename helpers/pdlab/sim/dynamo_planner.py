@@ -24,9 +24,7 @@ mechanisms that separate the two answers.
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,7 +36,8 @@ from pdlab.sim.peers import (
     dynamo_engine_args,
     dynamo_replay_kwargs,
     max_context,
-    peers_python,
+    require_peers_python,
+    run_in_peers,
     write_dynamo_profile,
 )
 from pdlab.workloads import read_mooncake_jsonl
@@ -211,24 +210,18 @@ def run_dynamo_planner(trace: str | Path, settings: PeerSettings, slo: SLO, work
     planner cannot run there (what is missing), RuntimeError when the replay fails. ``config``: more
     keywords of :func:`planner_config`.
     """
-    py = Path(python) if python else peers_python()
-    if py is None or not Path(py).exists():
-        raise FileNotFoundError("no peers environment (.venv-peers): run scripts/install_peers.sh")
+    py = require_peers_python(python)
     workdir = Path(workdir)
     max_ctx = max_context(trace)
     profile = write_dynamo_profile(settings, workdir / "dynamo_profile_planner.npz", max_context=max_ctx)
     cfg = planner_config(slo, settings, target=target, report_dir=workdir / "planner_reports", **config)
     request = {"trace": str(trace), "kwargs": planner_replay_kwargs(settings, profile, cfg, max_model_len=max_ctx)}
-    runner = Path(__file__).with_name("dynamo_planner_replay.py")
-    proc = subprocess.run([str(py), str(runner)], input=json.dumps(request), capture_output=True, text=True,
-                          timeout=timeout_s, check=False, cwd=workdir)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode == 3 and lines:
-        report = json.loads(lines[-1])
+    code, report, err = run_in_peers(py, "dynamo_planner_replay.py", request, timeout_s=timeout_s, cwd=workdir)
+    if code == 3 and report is not None:
         raise PlannerUnavailable(report.get("missing", []), report.get("detail", ""))
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"Dynamo planner replay failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    return parse_planner_report(json.loads(lines[-1]), start=(settings.prefill, settings.decode), target=target)
+    if code != 0 or report is None:
+        raise RuntimeError(f"Dynamo planner replay failed (exit {code}): {err}")
+    return parse_planner_report(report, start=(settings.prefill, settings.decode), target=target)
 
 
 def trace_workload(trace: str | Path) -> TraceWorkload:

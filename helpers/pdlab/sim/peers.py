@@ -58,7 +58,7 @@ from pdlab.workloads import Request
 
 __all__ = ["PeerSettings", "PEER_MODES", "METRICS", "MECHANISMS", "peers_python", "dynamo_profile_arrays",
            "write_dynamo_profile", "dynamo_engine_args", "dynamo_replay_kwargs", "dynamo_metrics",
-           "run_pdlab", "run_dynamo", "compare_rows", "format_table", "disagreements", "write_trace_slice",
+           "run_pdlab", "run_dynamo", "require_peers_python", "run_in_peers", "compare_rows", "format_table", "disagreements", "write_trace_slice",
            "chunked_prefill_s", "diff_summary",
            "prefill_busy_fraction", "max_context"]
 
@@ -257,6 +257,24 @@ def run_pdlab(requests: Sequence[Request], settings: PeerSettings) -> dict[str, 
     return out | {m: summ[m] for m in METRICS}
 
 
+def require_peers_python(python: str | Path | None = None) -> Path:
+    """``python``, or the peers environment's python; FileNotFoundError naming the install script without it."""
+    py = Path(python) if python else peers_python()
+    if py is None or not Path(py).exists():
+        raise FileNotFoundError("no peers environment (.venv-peers): run scripts/install_peers.sh")
+    return Path(py)
+
+
+def run_in_peers(python: Path, runner: str, request: Mapping[str, Any], *, timeout_s: float = 600.0,
+                 cwd: str | Path | None = None) -> tuple[int, dict[str, Any] | None, str]:
+    """Run the script ``runner`` (beside this module) with ``python``, ``request`` as JSON on its
+    stdin: (exit code, its last stdout line read as JSON or None, the tail of its stderr)."""
+    proc = subprocess.run([str(python), str(Path(__file__).with_name(runner))], input=json.dumps(request),
+                          capture_output=True, text=True, timeout=timeout_s, check=False, cwd=cwd)
+    lines = proc.stdout.strip().splitlines()
+    return proc.returncode, (json.loads(lines[-1]) if lines else None), proc.stderr[-2000:]
+
+
 def run_dynamo(trace: str | Path, settings: PeerSettings, workdir: str | Path, *, python: str | Path | None = None,
                timeout_s: float = 600.0) -> dict[str, Any]:
     """Replay the Mooncake JSONL ``trace`` through Dynamo (subprocess in the peers environment).
@@ -264,19 +282,14 @@ def run_dynamo(trace: str | Path, settings: PeerSettings, workdir: str | Path, *
     Writes the converted profile under ``workdir``. Raises FileNotFoundError without the peers
     environment and RuntimeError (with Dynamo's stderr tail) when the replay fails.
     """
-    py = Path(python) if python else peers_python()
-    if py is None or not Path(py).exists():
-        raise FileNotFoundError("no peers environment (.venv-peers): run scripts/install_peers.sh")
+    py = require_peers_python(python)
     max_ctx = max_context(trace)
     profile = write_dynamo_profile(settings, Path(workdir) / f"dynamo_profile_{settings.mode}.npz", max_context=max_ctx)
     request = {"trace": str(trace), "kwargs": dynamo_replay_kwargs(settings, profile)}
-    runner = Path(__file__).with_name("dynamo_replay.py")
-    proc = subprocess.run([str(py), str(runner)], input=json.dumps(request), capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"Dynamo replay failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    return dynamo_metrics(json.loads(lines[-1])) | {"dynamo_version": json.loads(lines[-1]).get("dynamo_version")}
+    code, report, err = run_in_peers(py, "dynamo_replay.py", request, timeout_s=timeout_s)
+    if code != 0 or report is None:
+        raise RuntimeError(f"Dynamo replay failed (exit {code}): {err}")
+    return dynamo_metrics(report) | {"dynamo_version": report.get("dynamo_version")}
 
 
 def max_context(trace: str | Path) -> int:
