@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from pdlab.metrics import tpot_s
 from pdlab.paths import build_dir
-from pdlab.serve import disaggregated, free_port
+from pdlab.serve import DeployPorts, disaggregated
 from pdlab.serve.bench import build_workload, run_bench
 from pdlab.serve.cpucost import tree_processes
 from pdlab.serve.evidence import scrape_metrics
@@ -128,8 +128,7 @@ def main() -> None:
         build_model("tiny", model_dir, overwrite=True)
     kw = dict(max_model_len=2048 + 80, max_num_seqs=128, max_num_batched_tokens=2048)
     plan = PROBE_PLANS["ci"]
-    with disaggregated(model_dir, proxy_port=free_port(), prefill_port=free_port(), decode_port=free_port(),
-                       side_channel_port=free_port(), **kw) as dep:
+    with disaggregated(model_dir, ports=DeployPorts.free(), **kw) as dep:
         dec_url = dep.decode[0].url
         roles = _roles(dep)
         pre = probe_prefill(dec_url, plan.prefill_lengths, repeats=plan.repeats)

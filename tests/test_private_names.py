@@ -28,16 +28,7 @@ PRIVATE_ATTRIBUTE_ALLOWLIST = {
 
 #: Public functions with more than MAX_PUBLIC_PARAMETERS parameters, left as they are:
 #: ``(module, function) -> reason``.
-PARAMETER_ALLOWLIST = {
-    ("serve/bench.py", "run_requests"): "keyword options of a live benchmark client (endpoint, tokenizer, "
-                                        "concurrency, time-out, stop hook, prompts); only called by run_bench "
-                                        "and the live-server tests",
-    ("serve/bench.py", "run_bench"): "the live benchmark's keywords, called by keyword from the CLI and by lab "
-                                     "01, 02, 05 and 07 notebooks and 8 helper modules; grouping them would "
-                                     "ripple through all of them",
-    ("serve/deploy.py", "disaggregated"): "ports and placements of a live vLLM deployment, called by keyword from "
-                                          "the CLI and lab 01, 03, 04, 05 and 06 notebooks",
-}
+PARAMETER_ALLOWLIST: dict[tuple[str, str], str] = {}
 
 #: Functions longer than MAX_FUNCTION_LINES, left as they are: ``(module, function) -> reason``.
 LENGTH_ALLOWLIST: dict[tuple[str, str], str] = {}

@@ -454,6 +454,40 @@ def test_cpu_and_gpu_command_lines(tmp_path):
     assert VLLMServerSpec(model="m", device="cpu", dtype="bfloat16").argv().count("bfloat16") == 1
 
 
+def test_disaggregated_places_servers_from_role_placements_and_ports():
+    """Nothing starts: the deployment's servers get their ports, side channels and cores from
+    RolePlacement and DeployPorts; a placement list of the wrong length is an error."""
+    from pdlab.serve import DeployPorts, RolePlacement, disaggregated
+
+    dep = disaggregated("m", device="cpu", prefill=RolePlacement(2, cores=["0", "0"]), decode=RolePlacement(),
+                        ports=DeployPorts(proxy=9000, prefill=9100, decode=9200, side_channel=9300))
+    assert dep.kind == "2P1D-nixl" and dep.url == "http://127.0.0.1:9000"
+    assert [(s.spec.role, s.spec.port, s.spec.side_channel_port, s.spec.cores) for s in dep.servers] == [
+        ("prefill", 9100, 9300, "0"), ("prefill", 9101, 9301, "0"), ("decode", 9200, 9302, "1")]
+    gpu = disaggregated("m", device="cuda", decode=RolePlacement(gpus="1,2"))
+    assert [s.spec.side_channel_port for s in gpu.servers] == [5600, 5601]
+    assert [(s.spec.gpus, s.spec.cores) for s in gpu.servers] == [("0", None), ("1,2", None)]
+    assert gpu.proxy_port == DeployPorts().proxy
+    with pytest.raises(ValueError, match="need 2 placements"):
+        disaggregated("m", device="cpu", decode=RolePlacement(2, cores=["1"]))
+    with pytest.raises(ValueError, match="ports collide"):   # the second prefill server would take decode's port
+        disaggregated("m", device="cpu", prefill=RolePlacement(2), ports=DeployPorts(prefill=8100, decode=8101))
+    free = DeployPorts.free()
+    assert all(0 < p < 65536 for p in (free.proxy, free.prefill, free.decode, free.side_channel))
+
+
+def test_client_options_build_the_request_body():
+    from pdlab.serve.bench import ClientOptions
+
+    body = ClientOptions(endpoint="chat", extra_body={"top_k": 1}).payload("m", "hi", 4)
+    assert body["messages"] == [{"role": "user", "content": "hi"}] and body["ignore_eos"] is True
+    assert body["top_k"] == 1 and body["max_tokens"] == 4 and body["stream_options"] == {"include_usage": True}
+    plain = ClientOptions(ignore_eos=False).payload("m", "hi", 4)
+    assert plain["prompt"] == "hi" and "ignore_eos" not in plain
+    with pytest.raises(ValueError, match="endpoint must be"):
+        ClientOptions(endpoint="embeddings")
+
+
 def test_cpu_serving_dtype_needs_native_bf16():
     from pdlab.hardware import cpu_serving_dtype
 
@@ -648,7 +682,7 @@ def test_model_build_errors(tmp_path):
 # ---------------------------------------------------------------- bench client
 @sync
 async def test_bench_records_streamed_tokens_and_failures(tiny_model):
-    from pdlab.serve.bench import run_requests
+    from pdlab.serve.bench import ClientOptions, run_requests
     from pdlab.workloads import make_requests
 
     log: list = []
@@ -656,16 +690,17 @@ async def test_bench_records_streamed_tokens_and_failures(tiny_model):
     bad = await _serve(_backend("bad", log, status=500))
     dying = await _serve(_backend("dying", log, die_after=2))
     reqs = make_requests([0.0, 0.05, 0.1], [16, 32, 8], [5, 1, 3])
+    client = ClientOptions(model="m", tokenizer=tiny_model.path)
     try:
-        records = await run_requests(_url(good), reqs, model="m", tokenizer=tiny_model.path, progress=False)
+        records = await run_requests(_url(good), reqs, client=client, progress=False)
         assert all(r.ok for r in records)
         assert [r.output_tokens for r in records] == [5, 1, 3]
         assert records[0].ttft_s > 0 and records[0].tpot_s > 0 and len(records[0].token_times_s) == 5
         assert [len(log[i][2]["prompt"].split()) for i in range(3)] == [16, 32, 8]
         assert log[0][2]["ignore_eos"] is True and log[0][2]["stream"] is True
-        failed = await run_requests(_url(bad), reqs[:1], model="m", tokenizer=tiny_model.path, progress=False)
+        failed = await run_requests(_url(bad), reqs[:1], client=client, progress=False)
         assert not failed[0].ok and "HTTP 500" in failed[0].error
-        cut = await run_requests(_url(dying), reqs[:1], model="m", tokenizer=tiny_model.path, progress=False)
+        cut = await run_requests(_url(dying), reqs[:1], client=client, progress=False)
         assert not cut[0].ok
     finally:
         for s in (good, bad, dying):
@@ -673,7 +708,7 @@ async def test_bench_records_streamed_tokens_and_failures(tiny_model):
 
 
 def test_run_bench_summary_and_files(tiny_model, tmp_path, monkeypatch):
-    from pdlab.serve.bench import build_workload, format_summary, run_bench
+    from pdlab.serve.bench import ClientOptions, build_workload, format_summary, run_bench
 
     monkeypatch.setenv("PDLAB_BUILD_DIR", str(tmp_path))
     log: list = []
@@ -682,8 +717,9 @@ def test_run_bench_summary_and_files(tiny_model, tmp_path, monkeypatch):
         server = await _serve(_backend("s", log, delay_s=0.005))
         try:
             reqs = build_workload("fixed-20-4", rate_rps=50, n=6, seed=1)
-            return await asyncio.to_thread(run_bench, _url(server), reqs, slo=SLO(ttft_s=5, tpot_s=1), model="m",
-                                           tokenizer=tiny_model.path, progress=False, save="unit")
+            return await asyncio.to_thread(run_bench, _url(server), reqs, slo=SLO(ttft_s=5, tpot_s=1),
+                                           client=ClientOptions(model="m", tokenizer=tiny_model.path),
+                                           progress=False, save="unit")
         finally:
             await server.close()
 

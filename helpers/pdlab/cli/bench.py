@@ -40,7 +40,7 @@ def register(sub: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pdlab.metrics import SLO
-    from pdlab.serve.bench import build_workload, format_summary, run_bench
+    from pdlab.serve.bench import ClientOptions, build_workload, format_summary, run_bench
 
     if args.rate <= 0:
         raise CLIError(f"--rate must be positive, got {args.rate}")
@@ -54,10 +54,10 @@ def run(args: argparse.Namespace) -> int:
                               max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens,
                               use_trace_schedule=args.trace_schedule)
     try:
-        result = run_bench(args.url, requests, slo=slo, endpoint=args.endpoint, model=args.model,
-                           tokenizer=args.tokenizer, max_concurrency=args.max_concurrency,
-                           request_timeout_s=args.timeout, progress=not args.no_progress and not args.json,
-                           seed=args.seed, save=args.name)
+        client = ClientOptions(endpoint=args.endpoint, model=args.model, tokenizer=args.tokenizer,
+                               request_timeout_s=args.timeout)
+        result = run_bench(args.url, requests, slo=slo, client=client, max_concurrency=args.max_concurrency,
+                           progress=not args.no_progress and not args.json, seed=args.seed, save=args.name)
     except OSError as exc:  # server not reachable for /v1/models, tokenizer missing ...
         raise CLIError(f"cannot benchmark {args.url}: {exc}") from exc
     summary = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.summary.items()}

@@ -45,7 +45,7 @@ def _model(arg: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from pdlab.process import PortInUseError, ServerStartError
-    from pdlab.serve import colocated, disaggregated
+    from pdlab.serve import DeployPorts, RolePlacement, colocated, disaggregated
 
     model = _model(args.model)
     common = {"max_model_len": args.max_model_len, "ready_timeout_s": args.ready_timeout, "device": args.device,
@@ -60,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
         placements_d = args.decode_cores or args.decode_gpus
         n_p = args.num_prefill or (len(placements_p) if placements_p else 1)
         n_d = args.num_decode or (len(placements_d) if placements_d else 1)
-        dep = disaggregated(model, connector=args.connector, n_prefill=n_p, n_decode=n_d,
-                            prefill_cores=args.prefill_cores, decode_cores=args.decode_cores,
-                            prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
-                            proxy_port=args.port, prefill_port=args.port + 100, decode_port=args.port + 200,
+        dep = disaggregated(model, connector=args.connector,
+                            prefill=RolePlacement(n_p, cores=args.prefill_cores, gpus=args.prefill_gpus),
+                            decode=RolePlacement(n_d, cores=args.decode_cores, gpus=args.decode_gpus),
+                            ports=DeployPorts(proxy=args.port, prefill=args.port + 100, decode=args.port + 200),
                             **common)
     try:
         with dep:

@@ -47,6 +47,7 @@ def register(sub: Subcommands) -> None:
 def run_calibrate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from pdlab.serve.bench import ClientOptions
     from pdlab.serve.probes import PROBE_PLANS, calibrate
     from pdlab.simreal.calibrate import save_calibration
 
@@ -61,7 +62,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise CLIError(f"probe plan: {exc}") from None
     try:
         res = calibrate(args.url, plan=plan, decode_url=args.decode_url, proxy_url=args.proxy_url, seed=args.seed,
-                        tokenizer=args.tokenizer)
+                        client=ClientOptions(tokenizer=args.tokenizer))
     except OSError as exc:
         raise CLIError(f"cannot probe {args.url}: {exc}") from exc
     except RuntimeError as exc:

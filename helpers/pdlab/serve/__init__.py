@@ -9,12 +9,14 @@ at import time.
 """
 
 from pdlab.process import PortInUseError, ServerStartError, free_port, live_processes, stop_all
-from pdlab.serve.deploy import Deployment, colocated, disaggregated, start_proxy
+from pdlab.serve.deploy import Deployment, DeployPorts, RolePlacement, colocated, disaggregated, start_proxy
 from pdlab.serve.evidence import KVTransferEvidence, kv_transfer_evidence, scrape_metrics
 from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, kv_transfer_config
 
 __all__ = [
     "Deployment",
+    "DeployPorts",
+    "RolePlacement",
     "colocated",
     "disaggregated",
     "start_proxy",

@@ -34,7 +34,7 @@ import numpy as np
 
 from pdlab.metrics import RequestRecord, summarize
 from pdlab.paths import build_dir
-from pdlab.serve.bench import BenchResult, build_workload, run_bench
+from pdlab.serve.bench import BenchResult, ClientOptions, build_workload, run_bench
 from pdlab.workloads import Request
 
 __all__ = ["BURST_GAP_S", "ClientSamples", "vllm_bench_serve", "merge_vllm_results", "side_by_side_with_vllm_bench", "compare_clients",
@@ -169,8 +169,8 @@ def side_by_side_with_vllm_bench(url: str, *, model: str, tokenizer: str | Path,
     records: list[RequestRecord] = []
     theirs: list[dict[str, Any]] = []
     for i, block in enumerate(ours_blocks):
-        part = run_bench(url, [reqs[j] for j in block], model=model, tokenizer=tokenizer, max_concurrency=1,
-                         progress=False, seed=seed + 1 + i, save=f"{name}-pdlab-{i}")
+        part = run_bench(url, [reqs[j] for j in block], client=ClientOptions(model=model, tokenizer=tokenizer),
+                         max_concurrency=1, progress=False, seed=seed + 1 + i, save=f"{name}-pdlab-{i}")
         records += part.records
         if i < rounds:
             theirs.append(vllm_bench_serve(url, model=model, tokenizer=tokenizer, input_len=input_len,

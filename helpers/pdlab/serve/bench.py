@@ -35,6 +35,7 @@ from pdlab.workloads.tokens import single_token_words
 
 __all__ = [
     "PromptSynthesizer",
+    "ClientOptions",
     "BenchResult",
     "interference_requests",
     "build_workload",
@@ -160,18 +161,42 @@ def server_model(url: str, timeout_s: float = 10.0) -> tuple[str, str | None]:
     return first["id"], root if Path(root).is_dir() else None
 
 
-def _payload(endpoint: str, model: str, prompt: str, max_tokens: int, ignore_eos: bool,
-             extra: dict[str, Any] | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True,
-                            "stream_options": {"include_usage": True}, "temperature": 0.0}
-    if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
-    else:
-        body["prompt"] = prompt
-    if ignore_eos:
-        body["ignore_eos"] = True
-    body.update(extra or {})
-    return body
+@dataclass(frozen=True)
+class ClientOptions:
+    """How the benchmark client talks to the server: the same for every request of a run.
+
+    ``endpoint``: ``"completions"`` (``/v1/completions``) or ``"chat"`` (``/v1/chat/completions``).
+    ``model``: the model id sent in each request (None: the server's first, ``GET /v1/models``).
+    ``tokenizer``: a model folder (or ``tokenizer.json``) whose tokenizer builds prompts of exact
+    token counts (None: the server's model folder, when it is a local one).
+    ``ignore_eos``: ask the server to generate exactly ``max_tokens`` (vLLM's ``ignore_eos``).
+    ``request_timeout_s``: the longest silence while reading a streamed response (s).
+    ``extra_body``: more JSON fields merged into every request body (None: none).
+    """
+
+    endpoint: str = "completions"
+    model: str | None = None
+    tokenizer: str | Path | None = None
+    ignore_eos: bool = True
+    request_timeout_s: float = 300.0
+    extra_body: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in _ENDPOINTS:
+            raise ValueError(f"endpoint must be completions or chat, got {self.endpoint!r}")
+
+    def payload(self, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+        """The JSON body of one streamed request for ``model`` (the resolved id)."""
+        body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True,
+                                "stream_options": {"include_usage": True}, "temperature": 0.0}
+        if self.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        body.update(self.extra_body or {})
+        return body
 
 
 async def _one(session, url: str, body: dict[str, Any], req: Request, bar,
@@ -186,25 +211,26 @@ async def _one(session, url: str, body: dict[str, Any], req: Request, bar,
     return rec
 
 
-async def run_requests(url: str, requests: Sequence[Request], *, endpoint: str = "completions",
-                       model: str | None = None, tokenizer: str | Path | None = None,
-                       max_concurrency: int | None = None, ignore_eos: bool = True,
-                       request_timeout_s: float = 300.0, progress: bool = True, seed: int = 0,
-                       extra_body: dict[str, Any] | None = None,
+async def run_requests(url: str, requests: Sequence[Request], *, client: ClientOptions | None = None,
+                       max_concurrency: int | None = None, progress: bool = True, seed: int = 0,
                        should_stop: Callable[[], bool] | None = None,
                        prompts: Sequence[str] | None = None) -> list[RequestRecord]:
     """Send ``requests`` at their arrival times (seconds from now); return one record each.
 
-    ``should_stop``: checked just before each request is sent; requests not sent once it returns
-    True are left out of the result. ``prompts``: one prompt text per request, sent instead of
-    synthesised ones (for example prompts that share prefixes, :func:`pdlab.serve.dynamo.prefix_prompts`).
+    ``client``: endpoint, model, tokenizer, time-out … (:class:`ClientOptions`; default: its
+    defaults). ``max_concurrency``: requests in flight at most (None: no limit). ``seed``: of the
+    synthesised prompts. ``should_stop``: checked just before each request is sent; requests not
+    sent once it returns True are left out of the result. ``prompts``: one prompt text per request,
+    sent instead of synthesised ones (for example prompts that share prefixes,
+    :func:`pdlab.serve.dynamo.prefix_prompts`).
     """
     import aiohttp
     from tqdm.auto import tqdm
 
-    if endpoint not in _ENDPOINTS:
-        raise ValueError(f"endpoint must be completions or chat, got {endpoint!r}")
+    client = client or ClientOptions()
+    request_timeout_s = client.request_timeout_s
     url = url.rstrip("/")
+    model, tokenizer = client.model, client.tokenizer
     if model is None or tokenizer is None:
         served, root = await asyncio.to_thread(server_model, url)
         model = model or served
@@ -219,8 +245,7 @@ async def run_requests(url: str, requests: Sequence[Request], *, endpoint: str =
         synth = await asyncio.to_thread(PromptSynthesizer, tokenizer)
         rng = np.random.default_rng(seed)
         texts = [synth.prompt(r.prompt_tokens, rng) for r in requests]
-    bodies = [_payload(endpoint, model, text, r.output_tokens, ignore_eos, extra_body)
-              for r, text in zip(requests, texts, strict=True)]
+    bodies = [client.payload(model, text, r.output_tokens) for r, text in zip(requests, texts, strict=True)]
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
     connector = aiohttp.TCPConnector(limit=max_concurrency or 0, force_close=False)
@@ -280,24 +305,22 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, endpoint: str = "completions",
-              model: str | None = None, tokenizer: str | Path | None = None, max_concurrency: int | None = None,
-              ignore_eos: bool = True, request_timeout_s: float = 300.0, progress: bool = True, seed: int = 0,
-              save: bool | str = False, extra_body: dict[str, Any] | None = None,
+def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, client: ClientOptions | None = None,
+              max_concurrency: int | None = None, progress: bool = True, seed: int = 0, save: bool | str = False,
               should_stop: Callable[[], bool] | None = None, prompts: Sequence[str] | None = None) -> BenchResult:
-    """Run a benchmark (blocking; works in Jupyter too) and summarise it.
+    """Run a benchmark (blocking; works in Jupyter too) and summarise it against ``slo``.
 
+    The other keywords are :func:`run_requests`'s (``client``: :class:`ClientOptions`).
     ``save=True`` (or a name) writes the summary JSON and the records JSONL under ``build/bench/``.
     """
-    records = run_sync(run_requests(url, requests, endpoint=endpoint, model=model, tokenizer=tokenizer,
-                                     max_concurrency=max_concurrency, ignore_eos=ignore_eos,
-                                     request_timeout_s=request_timeout_s, progress=progress, seed=seed,
-                                     extra_body=extra_body, should_stop=should_stop, prompts=prompts))
+    client = client or ClientOptions()
+    records = run_sync(run_requests(url, requests, client=client, max_concurrency=max_concurrency,
+                                    progress=progress, seed=seed, should_stop=should_stop, prompts=prompts))
     summary = summarize(records, slo)
     errors = sorted({r.error for r in records if not r.ok})
     summary["errors"] = errors[:10]
-    config = {"url": url, "endpoint": endpoint, "requests": len(requests), "max_concurrency": max_concurrency,
-              "ignore_eos": ignore_eos, "slo": None if slo is None else {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s,
+    config = {"url": url, "endpoint": client.endpoint, "requests": len(requests), "max_concurrency": max_concurrency,
+              "ignore_eos": client.ignore_eos, "slo": None if slo is None else {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s,
                                                                           "e2e_s": slo.e2e_s},
               "mean_prompt_tokens": float(np.mean([r.prompt_tokens for r in requests])) if requests else 0.0,
               "mean_output_tokens": float(np.mean([r.output_tokens for r in requests])) if requests else 0.0}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pdlab.paths import build_dir
@@ -23,7 +23,7 @@ from pdlab.process import ManagedProcess, ServerStartError, check_port_free, spa
 from pdlab.serve.evidence import MetricsSnapshot, scrape_metrics
 from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, detect_serve_device
 
-__all__ = ["Deployment", "colocated", "disaggregated", "start_proxy"]
+__all__ = ["Deployment", "DeployPorts", "RolePlacement", "colocated", "disaggregated", "start_proxy"]
 
 
 def start_proxy(prefill_urls: Sequence[str], decode_urls: Sequence[str], *, port: int = 8000,
@@ -225,48 +225,91 @@ def colocated(model: str | Path, *, port: int = 8100, cores: str | None = None, 
     return Deployment("colocated", [VLLMServer(spec)], ready_timeout_s=ready_timeout_s, warmup=warmup)
 
 
-def disaggregated(model: str | Path, *, connector: str = "nixl", n_prefill: int = 1, n_decode: int = 1,
-                  prefill_cores: Sequence[str] | str | None = None, decode_cores: Sequence[str] | str | None = None,
-                  prefill_gpus: Sequence[str] | str | None = None, decode_gpus: Sequence[str] | str | None = None,
-                  proxy_port: int = 8000, prefill_port: int = 8100, decode_port: int = 8200,
-                  side_channel_port: int = 5600, device: str = "auto", proxy_read_timeout_s: float = 30.0,
-                  ready_timeout_s: float = 600.0, warmup: bool = True, **spec_kwargs) -> Deployment:
-    """``n_prefill`` prefill + ``n_decode`` decode servers with a KV connector, behind the proxy.
+@dataclass(frozen=True)
+class DeployPorts:
+    """TCP ports on 127.0.0.1 of a disaggregated deployment.
 
-    Placement lists give one entry per instance (a single string is used for all of them).
-    Ports: prefill ``prefill_port + i``, decode ``decode_port + i``, NIXL side channels from
-    ``side_channel_port`` upwards, one per instance.
+    ``proxy``: the entry point clients send to. ``prefill`` / ``decode``: the first server of each
+    role; server ``i`` of a role listens on ``prefill + i`` / ``decode + i``. ``side_channel``: the
+    first NIXL side-channel port; each server takes the next one up (prefill servers first).
+    """
+
+    proxy: int = 8000
+    prefill: int = 8100
+    decode: int = 8200
+    side_channel: int = 5600
+
+    def layout(self, n_prefill: int, n_decode: int) -> tuple[list[int], list[int], list[int]]:
+        """The ports of ``n_prefill`` prefill and ``n_decode`` decode servers: (prefill ports, decode
+        ports, side channels, prefill servers' first). ValueError when two ports of the deployment coincide."""
+        pre = [self.prefill + i for i in range(n_prefill)]
+        dec = [self.decode + i for i in range(n_decode)]
+        side = [self.side_channel + k for k in range(n_prefill + n_decode)]
+        every = [self.proxy, *pre, *dec, *side]
+        if len(set(every)) != len(every):
+            raise ValueError(f"ports collide: proxy {self.proxy}, prefill {pre}, decode {dec}, side channels {side}")
+        return pre, dec, side
+
+    @classmethod
+    def free(cls) -> DeployPorts:
+        """One port for each that the OS reports free right now (tests and notebooks, beside other servers)."""
+        from pdlab.process import free_port
+
+        return cls(proxy=free_port(), prefill=free_port(), decode=free_port(), side_channel=free_port())
+
+
+@dataclass(frozen=True)
+class RolePlacement:
+    """How many servers one role (prefill or decode) has, and where each runs.
+
+    ``count``: servers of the role. ``cores``: CPU cores of each server, taskset list syntax (``"0"``,
+    ``"0-1"``), used on a CPU deployment; ``gpus``: GPU ids of each, ``CUDA_VISIBLE_DEVICES`` syntax
+    (``"0"``, ``"0,1"``), used on a GPU deployment. Either one entry per server or one string for all
+    of them; None: the role's half of the budget (prefill core/GPU ``0``, decode core/GPU ``1``).
+    """
+
+    count: int = 1
+    cores: Sequence[str] | str | None = None
+    gpus: Sequence[str] | str | None = None
+
+    def places(self, device: str, default: str | None) -> list[str | None]:
+        """One placement per server on ``device`` (``"cpu"``: cores, else GPUs); ``default`` for None."""
+        value = self.cores if device == "cpu" else self.gpus
+        if value is None or isinstance(value, str):
+            return [value if value is not None else default] * self.count
+        if len(value) != self.count:
+            raise ValueError(f"need {self.count} placements, got {list(value)}")
+        return list(value)
+
+
+def disaggregated(model: str | Path, *, connector: str = "nixl", prefill: RolePlacement | None = None,
+                  decode: RolePlacement | None = None, ports: DeployPorts | None = None, device: str = "auto",
+                  proxy_read_timeout_s: float = 30.0, ready_timeout_s: float = 600.0, warmup: bool = True,
+                  **spec_kwargs) -> Deployment:
+    """``prefill.count`` prefill + ``decode.count`` decode servers with a KV connector, behind the proxy.
+
+    ``prefill`` / ``decode``: each role's :class:`RolePlacement` (default one server on the role's
+    half of the budget); ``ports``: :class:`DeployPorts` (default 8000, 8100, 8200, side channels from
+    5600; :meth:`DeployPorts.free` beside other servers). ``spec_kwargs`` go to every server's
+    :class:`~pdlab.serve.vllm.VLLMServerSpec` (``max_model_len=...``).
     """
     dev = detect_serve_device() if device == "auto" else device
     _, first, second = _defaults(dev)
-
-    def places(value, default, n):
-        if value is None:
-            return [default] * n
-        if isinstance(value, str):
-            return [value] * n
-        if len(value) != n:
-            raise ValueError(f"need {n} placements, got {list(value)}")
-        return list(value)
-
+    prefill, decode = prefill or RolePlacement(), decode or RolePlacement()
+    ports = ports or DeployPorts()
     base = VLLMServerSpec(model=str(model), connector=connector, device=dev, **spec_kwargs)
     if connector == "example" and base.storage_path is None:
-        store = build_dir() / "kv-store" / f"{prefill_port}"
+        store = build_dir() / "kv-store" / f"{ports.prefill}"
         store.mkdir(parents=True, exist_ok=True)
         base = replace(base, storage_path=str(store))
-    servers: list[VLLMServer] = []
-    side = side_channel_port
-    p_places = places(prefill_cores if dev == "cpu" else prefill_gpus, first, n_prefill)
-    d_places = places(decode_cores if dev == "cpu" else decode_gpus, second, n_decode)
-    for role, n, port0, plc in (("prefill", n_prefill, prefill_port, p_places),
-                                ("decode", n_decode, decode_port, d_places)):
-        for i in range(n):
-            spec = replace(base, role=role, port=port0 + i, side_channel_port=side,
-                           cores=plc[i] if dev == "cpu" else None, gpus=plc[i] if dev == "cuda" else None,
-                           extra_args=list(base.extra_args), extra_env=dict(base.extra_env))
-            servers.append(VLLMServer(spec))
-            side += 1
+    pre_ports, dec_ports, sides = ports.layout(prefill.count, decode.count)
+    roles = [("prefill", port, place) for port, place in zip(pre_ports, prefill.places(dev, first), strict=True)]
+    roles += [("decode", port, place) for port, place in zip(dec_ports, decode.places(dev, second), strict=True)]
+    servers = [VLLMServer(replace(base, role=role, port=port, side_channel_port=side,
+                                  cores=place if dev == "cpu" else None, gpus=place if dev == "cuda" else None,
+                                  extra_args=list(base.extra_args), extra_env=dict(base.extra_env)))
+               for (role, port, place), side in zip(roles, sides, strict=True)]
     if not servers:
         raise ServerStartError("no servers to start")
-    return Deployment(f"{n_prefill}P{n_decode}D-{connector}", servers, proxy_port=proxy_port,
+    return Deployment(f"{prefill.count}P{decode.count}D-{connector}", servers, proxy_port=ports.proxy,
                       proxy_read_timeout_s=proxy_read_timeout_s, ready_timeout_s=ready_timeout_s, warmup=warmup)

@@ -96,12 +96,12 @@ def saturation_capacity(url: str, requests: Sequence[Request], *, seed: int = 0,
     queue empty) do not dilute it. Raises RuntimeError when any request fails: a capacity measured
     with failures is not one.
     """
-    from pdlab.serve.bench import run_bench
+    from pdlab.serve.bench import ClientOptions, run_bench
 
     if not 0 < middle <= 1 or len(requests) < 5:
         raise ValueError(f"need ≥ 5 requests and 0 < middle ≤ 1, got {len(requests)} and {middle}")
     burst = [Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, r.hash_ids) for r in requests]
-    res = run_bench(url, burst, progress=False, seed=seed, request_timeout_s=request_timeout_s)
+    res = run_bench(url, burst, client=ClientOptions(request_timeout_s=request_timeout_s), progress=False, seed=seed)
     bad = [r.error for r in res.records if not r.ok]
     if bad:
         raise RuntimeError(f"{len(bad)} of {len(burst)} requests failed while measuring capacity: {bad[0]}")
@@ -205,12 +205,13 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     ``model``/``handoff_s``/``headroom``: the admission's settings, replayed offline on the same arrivals
     (``server_prompt_tokens``: request id → the server's prompt length, when the client's differs).
     """
-    from pdlab.serve.bench import run_bench
+    from pdlab.serve.bench import ClientOptions, run_bench
 
     roots = {s.spec.role: s.process.pid for s in dep.servers}
     t0 = time.monotonic()
     with ResourceSampler({**roots, "proxy": dep.proxy.pid}, [s.url for s in dep.servers]) as res_meter:
-        res = run_bench(dep.url, requests, slo=slo, progress=False, seed=seed, request_timeout_s=request_timeout_s)
+        res = run_bench(dep.url, requests, slo=slo, client=ClientOptions(request_timeout_s=request_timeout_s),
+                        progress=False, seed=seed)
     wall = time.monotonic() - t0
     recs = res.records
     rejected = {r.request_id for r in recs if is_rejected(r)}
