@@ -29,7 +29,7 @@ from pdlab.simreal.calibrate import (
     sim_ttft_phases,
     simulate_like_live,
 )
-from pdlab.simreal.records import Admission, Calibration, Contention, LinkFit
+from pdlab.simreal.records import Admission, Calibration, Contention, LinkFit, StepPoint
 from pdlab.workloads import make_requests
 
 TRUE = FittedLatency((0.004, 2.0e-5, 3.0e-9), (0.003, 1.0e-7, 2.0e-4))
@@ -127,15 +127,14 @@ def test_probe_plans_are_identifiable_and_bad_plans_rejected():
 def test_merge_prefill_points_takes_the_median_over_every_pass():
     from pdlab.simreal.calibrate import merge_prefill_points
 
-    a = [{"prefill_tokens": 256, "prefill_sq_tokens": 256.0**2, "decode_batch": 0, "decode_ctx_tokens": 0,
-          "time_s": 0.05, "samples": 3, "kind": "prefill", "times_s": [0.04, 0.05, 0.09]}]
-    b = [{**a[0], "time_s": 0.07, "times_s": [0.07, 0.07, 0.08]},
-         {**a[0], "prefill_tokens": 512, "prefill_sq_tokens": 512.0**2, "time_s": 0.1, "times_s": [0.1]}]
+    a = [StepPoint.prefill(256, 0.05, samples=3, times_s=(0.04, 0.05, 0.09))]
+    b = [StepPoint.prefill(256, 0.07, samples=3, times_s=(0.07, 0.07, 0.08)),
+         StepPoint.prefill(512, 0.1, samples=1, times_s=(0.1,))]
     merged = merge_prefill_points(a, b)
-    assert [p["prefill_tokens"] for p in merged] == [256, 512]
-    assert merged[0]["time_s"] == pytest.approx(0.07) and merged[0]["samples"] == 6 and merged[0]["passes"] == 2
-    assert merged[0]["pass_medians_s"] == pytest.approx([0.05, 0.07])
-    assert merged[1]["time_s"] == pytest.approx(0.1) and merged[1]["passes"] == 1
+    assert [p.prefill_tokens for p in merged] == [256, 512]
+    assert merged[0].time_s == pytest.approx(0.07) and merged[0].samples == 6 and merged[0].passes == 2
+    assert merged[0].pass_medians_s == pytest.approx((0.05, 0.07))
+    assert merged[1].time_s == pytest.approx(0.1) and merged[1].passes == 1
     with pytest.raises(ValueError, match="prefill_passes"):
         ProbePlan(prefill_passes=3).check()
 
@@ -199,6 +198,32 @@ def test_saved_calibration_round_trips_its_values(tmp_path):
     bad.write_text('{"prefill": [1, 2], "decode": [1, 2, 3]}')
     with pytest.raises(ValueError, match="three numbers"):
         load_calibration(bad)
+
+
+def test_step_points_keep_the_profile_keys_of_the_probes_dicts():
+    """A StepPoint writes the keys the probes' dicts had (profiles written before it still load)."""
+    pre = StepPoint.prefill(257, 0.03, samples=3, times_s=(0.02, 0.03, 0.04))
+    assert list(pre.to_dict()) == ["prefill_tokens", "prefill_sq_tokens", "decode_batch", "decode_ctx_tokens", "time_s",
+                                   "samples", "kind", "times_s"]
+    assert pre.prefill_sq_tokens == 257.0 ** 2 and pre.kind == "prefill"
+    dec = StepPoint.decode(8, 8 * 300.0, 0.012, samples=70, prompt_tokens=256)
+    assert set(dec.to_dict()) == {"prefill_tokens", "prefill_sq_tokens", "decode_batch", "decode_ctx_tokens", "time_s",
+                                  "samples", "kind", "prompt_tokens"}
+    from pdlab.simreal.calibrate import merge_prefill_points
+
+    (merged,) = merge_prefill_points([pre], [pre])
+    assert list(merged.to_dict())[-2:] == ["passes", "pass_medians_s"] and merged.to_dict()["passes"] == 2
+    for p in (pre, dec, merged):
+        assert StepPoint.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    old = {"prefill_tokens": 17, "prefill_sq_tokens": 289.0, "decode_batch": 0, "decode_ctx_tokens": 0,
+           "time_s": 0.01, "samples": 3, "kind": "prefill", "times_s": [0.01, 0.01, 0.02]}
+    assert StepPoint.from_dict(old).to_dict() == old
+    bare = StepPoint.from_dict({"decode_batch": 4, "decode_ctx_tokens": 400, "time_s": 0.005})
+    assert (bare.kind, bare.samples, bare.prefill_tokens) == ("decode", 1, 0)
+    with pytest.raises(KeyError, match="time_s"):
+        StepPoint.from_dict({"decode_batch": 4})
+    with pytest.raises(ValueError, match="mixes prefill and decode"):
+        fit_row([StepPoint(prefill_tokens=4, prefill_sq_tokens=16.0, decode_batch=1, time_s=0.1)], "prefill")
 
 
 def test_records_read_hand_written_and_older_profile_entries():
@@ -424,10 +449,10 @@ def test_run_decode_points_and_refit_recover_the_decode_row_from_the_run_itself(
 
     recs = _varied_run(TRUE)
     pts = run_decode_points(recs)
-    assert len(pts) >= 5 and all(p["time_s"] > 0 and p["samples"] >= 5 for p in pts)
-    assert len({p["decode_batch"] for p in pts}) >= 3
+    assert len(pts) >= 5 and all(p.time_s > 0 and p.samples >= 5 and p.kind == "decode" for p in pts)
+    assert len({p.decode_batch for p in pts}) >= 3
     for p in pts:   # each point is TRUE's step at its batch and mean context, within the bucket's spread
-        assert p["time_s"] == pytest.approx(TRUE.step_time_s(0, 0.0, p["decode_batch"], p["decode_ctx_tokens"]), rel=0.05)
+        assert p.time_s == pytest.approx(TRUE.step_time_s(0, 0.0, p.decode_batch, p.decode_ctx_tokens), rel=0.05)
     off = FittedLatency(TRUE.prefill, tuple(2 * c for c in TRUE.decode), meta={"kv_link": {"latency_s": 1e-3},
                                                                                "fit": {"decode": {"mape": 0.01}}})
     fixed = refit_decode_on_run(off, recs)
@@ -447,6 +472,6 @@ def test_run_decode_points_ignore_zero_gaps_and_noisy_steps():
     steady = RequestRecord(1, 0.0, 100, 10, t[0], t[-1], token_times_s=t)
     assert run_decode_points([burst]) == []
     (pt,) = run_decode_points([steady])
-    assert pt["decode_batch"] == 1 and pt["time_s"] == pytest.approx(0.01) and pt["samples"] == 9
+    assert pt.decode_batch == 1 and pt.time_s == pytest.approx(0.01) and pt.samples == 9
     with pytest.raises(ValueError, match="need >= 3 decode points"):
         refit_decode_on_run(TRUE, [steady])

@@ -10,7 +10,7 @@ import pytest
 from pdlab.metrics import RequestRecord
 from pdlab.serve import probes
 from pdlab.simreal.calibrate import admission_overhead_s, contention_factor, merge_prefill_points
-from pdlab.simreal.records import Calibration, Contention
+from pdlab.simreal.records import Calibration, Contention, StepPoint
 
 
 def _stream(rid: int, prompt: int, first_s: float, step_s: float, tokens: int) -> RequestRecord:
@@ -48,11 +48,11 @@ def test_probe_decode_reads_the_step_and_context_inside_the_window(monkeypatch):
     bench = _ScriptedBench([run])
     monkeypatch.setattr(probes, "_bench", bench)
     (pt,) = probes.probe_decode("http://x", [(2, 32)], output_tokens=12, repeats=1)
-    assert pt["time_s"] == pytest.approx(0.005)
-    assert pt["decode_batch"] == 2 and pt["kind"] == "decode" and pt["prompt_tokens"] == 32
+    assert pt.time_s == pytest.approx(0.005)
+    assert pt.decode_batch == 2 and pt.kind == "decode" and pt.prompt_tokens == 32
     # window [0.110, 0.155]: stream 0 gaps k = 2..10, stream 1 gaps k = 0..8 (9 each); context = 33 + k
-    assert pt["samples"] == 18
-    assert pt["decode_ctx_tokens"] == pytest.approx(2 * (33 + (sum(range(2, 11)) + sum(range(0, 9))) / 18))
+    assert pt.samples == 18
+    assert pt.decode_ctx_tokens == pytest.approx(2 * (33 + (sum(range(2, 11)) + sum(range(0, 9))) / 18))
     assert bench.calls[0][1] == [(32, 12), (32, 12)]
 
 
@@ -60,7 +60,7 @@ def test_probe_decode_sends_a_burst_read_run_again(monkeypatch):
     bench = _ScriptedBench([[_burst(0, 32, 0.5, 16)], [_stream(0, 32, 0.1, 0.004, 16)]])
     monkeypatch.setattr(probes, "_bench", bench)
     (pt,) = probes.probe_decode("http://x", [(1, 32)], output_tokens=16, repeats=1)
-    assert pt["time_s"] == pytest.approx(0.004) and pt["time_s"] > 0
+    assert pt.time_s == pytest.approx(0.004) and pt.time_s > 0
     assert len(bench.calls) == 2 and bench.calls[0][2] != bench.calls[1][2]  # a fresh seed on the retry
 
 
@@ -87,21 +87,20 @@ def test_probe_prefill_takes_the_median_ttft_per_server_length(monkeypatch):
 
     monkeypatch.setattr(probes, "_bench", bench)
     pts = probes.probe_prefill("http://x", [100, 1000], repeats=3)
-    assert [p["prefill_tokens"] for p in pts] == [101, 1001]
-    assert all(p["samples"] == 3 and p["prefill_sq_tokens"] == p["prefill_tokens"] ** 2 for p in pts)
+    assert [p.prefill_tokens for p in pts] == [101, 1001]
+    assert all(p.samples == 3 and p.prefill_sq_tokens == p.prefill_tokens ** 2 for p in pts)
     for p, n in zip(pts, (100, 1000), strict=True):
-        assert min(p["times_s"]) <= p["time_s"] <= max(p["times_s"])
-        assert p["time_s"] >= n * 1e-4
+        assert min(p.times_s) <= p.time_s <= max(p.times_s)
+        assert p.time_s >= n * 1e-4
 
 
 def test_merge_prefill_points_keeps_each_pass_median_and_the_pooled_median():
-    a = [{"prefill_tokens": 16, "time_s": 0.010, "times_s": [0.009, 0.010, 0.011]}]
-    b = [{"prefill_tokens": 16, "time_s": 0.020, "times_s": [0.019, 0.020, 0.021]},
-         {"prefill_tokens": 256, "time_s": 0.050, "times_s": [0.050]}]
-    merged = {p["prefill_tokens"]: p for p in merge_prefill_points(a, b)}
-    assert merged[16]["pass_medians_s"] == [0.010, 0.020] and merged[16]["samples"] == 6
-    assert merged[16]["time_s"] == pytest.approx(0.015)  # median of the six samples, not of the two medians
-    assert merged[256]["passes"] == 1 and merged[256]["time_s"] == 0.050
+    a = [StepPoint.prefill(16, 0.010, times_s=(0.009, 0.010, 0.011))]
+    b = [StepPoint.prefill(16, 0.020, times_s=(0.019, 0.020, 0.021)), StepPoint.prefill(256, 0.050, times_s=(0.050,))]
+    merged = {p.prefill_tokens: p for p in merge_prefill_points(a, b)}
+    assert merged[16].pass_medians_s == (0.010, 0.020) and merged[16].samples == 6
+    assert merged[16].time_s == pytest.approx(0.015)  # median of the six samples, not of the two medians
+    assert merged[256].passes == 1 and merged[256].time_s == 0.050
 
 
 # ---------------------------------------------------------------- the probes' formulas, pure
@@ -167,8 +166,8 @@ def test_calibrate_recovers_the_scripted_engine(monkeypatch):
     assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
     assert list(res.latency.decode) == pytest.approx(DEC, rel=1e-6)
     # smoke: one prefill pass over 3 lengths; decode pairs (1, 32), (1, 128), (8, 32), (8, 128), once each
-    assert [p["prefill_tokens"] for p in res.prefill_points] == [17, 257, 1025]
-    assert [(p["decode_batch"], p["prompt_tokens"]) for p in res.decode_points] == [(1, 32), (1, 128), (8, 32),
+    assert [p.prefill_tokens for p in res.prefill_points] == [17, 257, 1025]
+    assert [(p.decode_batch, p.prompt_tokens) for p in res.decode_points] == [(1, 32), (1, 128), (8, 32),
                                                                                    (8, 128)]
     assert [c[1:] for c in engine.calls] == [(3, 1, 1), (1, 16, None), (1, 16, None), (8, 16, None), (8, 16, None)]
     assert res.kv_link is None and res.contention is None and res.admission is None
@@ -187,7 +186,7 @@ def test_calibrate_two_servers_probes_decode_there_and_records_contention(monkey
                             decode_tokens=16, repeats=1, decode_repeats=1, max_probe_tokens=2048, prefill_passes=2)
     res = probes.calibrate("http://p", plan=plan, decode_url="http://d")
     assert [c[0] for c in engine.calls] == ["http://p"] + ["http://d"] * 4 + ["http://p"]   # second prefill pass last
-    assert all(p["passes"] == 2 and p["samples"] == 2 for p in res.prefill_points)
+    assert all(p.passes == 2 and p.samples == 2 for p in res.prefill_points)
     assert isinstance(res, Calibration) and res.contention == measured
     assert res.latency.meta["cpu_contention"] == measured.to_dict()   # the profile form rides in meta
     assert Calibration.from_latency(res.latency).contention == measured

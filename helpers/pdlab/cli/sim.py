@@ -71,7 +71,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     lat = res.latency
     fit = lat.meta["fit"]
     payload = {"profile": str(path), **res.as_dict(),
-               "points": {"prefill": res.prefill_points, "decode": res.decode_points, "handoff": res.handoff_points}}
+               "points": {"prefill": [p.to_dict() for p in res.prefill_points],
+                          "decode": [p.to_dict() for p in res.decode_points], "handoff": list(res.handoff_points)}}
     ap, bp, cp = lat.prefill
     ad, bd, cd = lat.decode
     text = [f"wrote {path} (calibrated in {res.seconds:.1f} s)",

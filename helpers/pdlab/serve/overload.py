@@ -51,7 +51,9 @@ def fit_prefill_model(prefill_url: str, lengths: Sequence[int], *, repeats: int 
                       ) -> tuple[PrefillModel, list[dict[str, Any]]]:
     """Probe ``prefill_url`` with single prompts of ``lengths`` tokens and fit ``a + b·l + c·l²`` (s).
 
-    Returns the model and the probe points (``prefill_tokens``, ``time_s`` = median TTFT).
+    Returns the model and the probe points as table rows: each :class:`~pdlab.simreal.records.StepPoint`'s
+    ``to_dict()`` (``prefill_tokens``, ``time_s`` = median TTFT, ...) with ``fit_s``, the fitted time (s),
+    and on the first row ``fit_quality``.
     """
     from pdlab.serve.probes import probe_prefill
     from pdlab.simreal.calibrate import fit_row
@@ -60,10 +62,9 @@ def fit_prefill_model(prefill_url: str, lengths: Sequence[int], *, repeats: int 
         raise ValueError(f"need ≥ 3 distinct prompt lengths to fit a, b and c, got {list(lengths)}")
     points = probe_prefill(prefill_url, lengths, repeats=repeats, seed=seed)
     (a, b, c), quality = fit_row(points, "prefill")
-    for p in points:
-        p["fit_s"] = a + b * p["prefill_tokens"] + c * p["prefill_tokens"] ** 2
-    points[0]["fit_quality"] = quality
-    return PrefillModel(a, b, c), points
+    rows = [{**p.to_dict(), "fit_s": a + b * p.prefill_tokens + c * p.prefill_tokens ** 2} for p in points]
+    rows[0]["fit_quality"] = quality
+    return PrefillModel(a, b, c), rows
 
 
 def save_prefill_profile(model: PrefillModel, path: str | Path) -> Path:

@@ -28,7 +28,7 @@ from pdlab.simreal.calibrate import (
     merge_prefill_points,
     server_prompt_tokens,
 )
-from pdlab.simreal.records import Admission, Calibration, Contention
+from pdlab.simreal.records import Admission, Calibration, Contention, StepPoint
 from pdlab.workloads import Request
 
 __all__ = ["ProbePlan", "PROBE_PLANS", "probe_prefill", "probe_decode", "decode_window", "probe_handoff",
@@ -115,7 +115,7 @@ def _bench(url: str, requests: list[Request], *, seed: int, max_concurrency: int
 
 
 def probe_prefill(url: str, lengths: Sequence[int], *, repeats: int = 3, seed: int = 0,
-                  **bench_kwargs: Any) -> list[dict[str, float]]:
+                  **bench_kwargs: Any) -> list[StepPoint]:
     """Prefill points: one prompt at a time of each length, ``max_tokens=1``; time = median TTFT (s).
 
     Requests are sent one after another (never overlapping) in a shuffled order, so slow drift
@@ -133,9 +133,7 @@ def probe_prefill(url: str, lengths: Sequence[int], *, repeats: int = 3, seed: i
         group = by_len[n]
         tokens = int(np.median([server_prompt_tokens(r) for r in group]))
         times = [float(r.ttft_s) for r in group]
-        points.append({"prefill_tokens": tokens, "prefill_sq_tokens": float(tokens * tokens), "decode_batch": 0,
-                       "decode_ctx_tokens": 0, "time_s": float(np.median(times)), "samples": len(group),
-                       "kind": "prefill", "times_s": times})
+        points.append(StepPoint.prefill(tokens, float(np.median(times)), samples=len(group), times_s=tuple(times)))
     return points
 
 
@@ -181,7 +179,7 @@ def _decoding_together(url: str, b: int, p: int, output_tokens: int, *, seed: in
 
 
 def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: int = 64, repeats: int = 2,
-                 seed: int = 0, **bench_kwargs: Any) -> list[dict[str, float]]:
+                 seed: int = 0, **bench_kwargs: Any) -> list[StepPoint]:
     """Decode points: ``b`` concurrent streams of ``p``-token prompts generating ``output_tokens``.
 
     time = mean gap between consecutive tokens while all ``b`` streams decode (s; the span from the
@@ -203,9 +201,8 @@ def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: i
         if len(gaps) < 2 * int(b):
             raise RuntimeError(f"decode probe b={b}, p={p}: the {b} streams decoded together for fewer than 2 "
                                f"steps; raise decode_tokens (now {output_tokens})")
-        points.append({"prefill_tokens": 0, "prefill_sq_tokens": 0.0, "decode_batch": int(b),
-                       "decode_ctx_tokens": float(b * np.mean(ctx)), "time_s": float(np.mean(gaps)),
-                       "samples": len(gaps), "kind": "decode", "prompt_tokens": int(p)})
+        points.append(StepPoint.decode(int(b), float(b * np.mean(ctx)), float(np.mean(gaps)), samples=len(gaps),
+                                       prompt_tokens=int(p)))
     return points
 
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, percentiles, slo_attainment, tpot_s, ttft_s
 from pdlab.sim.latency import PROFILE_FORMAT, FittedLatency, load_profile
-from pdlab.simreal.records import Calibration, Contention, LinkFit
+from pdlab.simreal.records import Calibration, Contention, LinkFit, StepPoint
 from pdlab.workloads import Request
 
 __all__ = [
@@ -71,7 +71,8 @@ __all__ = [
     "ERROR_COLUMNS",
 ]
 
-#: Keys of one timing point (the format of :func:`pdlab.sim.latency.sample_points`).
+#: Fields of a :class:`~pdlab.simreal.records.StepPoint` that the fit reads: the keys a timing point
+#: given as a mapping must have (the format of :func:`pdlab.sim.latency.sample_points`).
 POINT_KEYS = ("prefill_tokens", "prefill_sq_tokens", "decode_batch", "decode_ctx_tokens", "time_s")
 
 
@@ -79,43 +80,53 @@ POINT_KEYS = ("prefill_tokens", "prefill_sq_tokens", "decode_batch", "decode_ctx
 # Fitting
 
 
-def _validate_points(points: Iterable[Mapping[str, Any]]) -> list[dict[str, float]]:
+def _check_fields(i: int, values: Mapping[str, Any]) -> None:
+    for k in POINT_KEYS:
+        v = values[k]
+        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating) \
+                or not math.isfinite(float(v)):
+            raise ValueError(f"point {i}: {k} must be a finite number, got {v!r}")
+        if float(v) < 0:
+            raise ValueError(f"point {i}: {k} must be >= 0, got {v!r}")
+
+
+def _validate_points(points: Iterable[StepPoint | Mapping[str, Any]]) -> list[StepPoint]:
+    """``points`` as StepPoints, checked: each one prefill-only or decode-only, every fitted field a
+    finite number >= 0, a positive time; a mapping needs the keys :data:`POINT_KEYS`."""
     out = []
     for i, p in enumerate(points):
-        if not isinstance(p, Mapping):
-            raise ValueError(f"point {i} must be a mapping with keys {', '.join(POINT_KEYS)}, got {type(p).__name__}")
-        missing = [k for k in POINT_KEYS if k not in p]
-        if missing:
-            raise ValueError(f"point {i} lacks {', '.join(missing)} (a point needs {', '.join(POINT_KEYS)})")
-        row = {}
-        for k in POINT_KEYS:
-            v = p[k]
-            if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating) \
-                    or not math.isfinite(float(v)):
-                raise ValueError(f"point {i}: {k} must be a finite number, got {v!r}")
-            if float(v) < 0:
-                raise ValueError(f"point {i}: {k} must be >= 0, got {v!r}")
-            row[k] = float(v)
-        if row["time_s"] <= 0:
-            raise ValueError(f"point {i}: time_s must be > 0 seconds, got {p['time_s']!r}")
-        if row["prefill_tokens"] > 0 and row["decode_batch"] > 0:
+        if isinstance(p, Mapping):
+            missing = [k for k in POINT_KEYS if k not in p]
+            if missing:
+                raise ValueError(f"point {i} lacks {', '.join(missing)} (a point needs {', '.join(POINT_KEYS)})")
+            _check_fields(i, p)
+            p = StepPoint.from_dict(p)
+        elif not isinstance(p, StepPoint):
+            raise ValueError(f"point {i} must be a mapping with keys {', '.join(POINT_KEYS)} or a StepPoint, "
+                             f"got {type(p).__name__}")
+        _check_fields(i, {k: getattr(p, k) for k in POINT_KEYS})
+        if p.time_s <= 0:
+            raise ValueError(f"point {i}: time_s must be > 0 seconds, got {p.time_s!r}")
+        if p.prefill_tokens > 0 and p.decode_batch > 0:
             raise ValueError(f"point {i} mixes prefill and decode; calibration points are prefill-only or decode-only")
-        if row["prefill_tokens"] == 0 and row["decode_batch"] == 0:
+        if p.prefill_tokens == 0 and p.decode_batch == 0:
             raise ValueError(f"point {i} has neither prefill tokens nor a decode batch")
-        out.append(row)
+        out.append(p)
     return out
 
 
-def _design(kind: str, pts: list[dict[str, float]]) -> np.ndarray:
+def _design(kind: str, pts: list[StepPoint]) -> np.ndarray:
     if kind == "prefill":
-        return np.array([[1.0, p["prefill_tokens"], p["prefill_sq_tokens"]] for p in pts])
-    return np.array([[1.0, p["decode_ctx_tokens"], p["decode_batch"]] for p in pts])
+        return np.array([[1.0, p.prefill_tokens, p.prefill_sq_tokens] for p in pts])
+    return np.array([[1.0, p.decode_ctx_tokens, p.decode_batch] for p in pts])
 
 
-def fit_row(points: Iterable[Mapping[str, Any]], kind: str, *, relative: bool = True
+def fit_row(points: Iterable[StepPoint | Mapping[str, Any]], kind: str, *, relative: bool = True
             ) -> tuple[tuple[float, float, float], dict[str, float]]:
     """Fit one row of :class:`FittedLatency` (``kind`` = ``"prefill"`` or ``"decode"``).
 
+    ``points``: :class:`~pdlab.simreal.records.StepPoint` (or mappings with the keys :data:`POINT_KEYS`,
+    as :func:`pdlab.sim.latency.sample_points` makes them); those of the other kind are left out.
     Non-negative least squares (as :func:`pdlab.sim.latency.fit_latency`), on relative errors
     when ``relative`` (every point counts the same, short and long). Returns the coefficients
     (a, b, c) in seconds (prefill: s, s/token, s/token²; decode: s, s/context token, s/sequence)
@@ -128,12 +139,11 @@ def fit_row(points: Iterable[Mapping[str, Any]], kind: str, *, relative: bool = 
 
     if kind not in ("prefill", "decode"):
         raise ValueError(f"kind must be 'prefill' or 'decode', got {kind!r}")
-    pts = [p for p in _validate_points(points)
-           if (p["prefill_tokens"] > 0 if kind == "prefill" else p["decode_batch"] > 0)]
+    pts = [p for p in _validate_points(points) if (p.prefill_tokens > 0 if kind == "prefill" else p.decode_batch > 0)]
     if len(pts) < 3:
         raise ValueError(f"need >= 3 {kind} points to fit a + b·x + c·y, got {len(pts)}")
     a = _design(kind, pts)
-    y = np.array([p["time_s"] for p in pts])
+    y = np.array([p.time_s for p in pts])
     if np.linalg.matrix_rank(a / np.abs(a).max(axis=0)) < 3:
         what = "distinct prompt lengths" if kind == "prefill" else \
             "batch sizes and contexts that vary independently (several batches, several prompt lengths)"
@@ -152,8 +162,9 @@ def fit_row(points: Iterable[Mapping[str, Any]], kind: str, *, relative: bool = 
     return (float(coef[0]), float(coef[1]), float(coef[2])), quality
 
 
-def fit_profile(points: Iterable[Mapping[str, Any]], *, decode_points: Iterable[Mapping[str, Any]] | None = None,
-                relative: bool = True, meta: dict[str, Any] | None = None) -> FittedLatency:
+def fit_profile(points: Iterable[StepPoint | Mapping[str, Any]], *,
+                decode_points: Iterable[StepPoint | Mapping[str, Any]] | None = None, relative: bool = True,
+                meta: dict[str, Any] | None = None) -> FittedLatency:
     """A :class:`FittedLatency` from prefill-only and decode-only timing points.
 
     ``points`` holds both kinds; or give the decode points separately (``decode_points``), e.g.
@@ -200,19 +211,20 @@ def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) 
 # Probe arithmetic (the live probes that use it are pdlab.serve.probes)
 
 
-def merge_prefill_points(*passes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def merge_prefill_points(*passes: Sequence[StepPoint]) -> list[StepPoint]:
     """Prefill points of several passes of :func:`pdlab.serve.probes.probe_prefill` as one: per prompt length (the
-    server's count), the median over every pass's samples; ``pass_medians_s`` keeps each pass's
-    own median, in pass order (how far the machine drifted between them)."""
-    by_len: dict[int, list[dict[str, Any]]] = {}
+    server's count), the median over every pass's samples (``times_s``; a point without them counts
+    its ``time_s`` once); ``pass_medians_s`` keeps each pass's own median, in pass order (how far
+    the machine drifted between them), ``passes`` their number."""
+    by_len: dict[int, list[StepPoint]] = {}
     for points in passes:
         for pt in points:
-            by_len.setdefault(int(pt["prefill_tokens"]), []).append(pt)
+            by_len.setdefault(int(pt.prefill_tokens), []).append(pt)
     out = []
     for n in sorted(by_len):
-        times = [t for pt in by_len[n] for t in pt.get("times_s", [pt["time_s"]])]
-        out.append({**by_len[n][0], "time_s": float(np.median(times)), "samples": len(times), "times_s": times,
-                    "passes": len(by_len[n]), "pass_medians_s": [float(pt["time_s"]) for pt in by_len[n]]})
+        times = tuple(t for pt in by_len[n] for t in (pt.times_s or (pt.time_s,)))
+        out.append(replace(by_len[n][0], time_s=float(np.median(times)), samples=len(times), times_s=times,
+                           passes=len(by_len[n]), pass_medians_s=tuple(float(pt.time_s) for pt in by_len[n])))
     return out
 
 
@@ -537,7 +549,7 @@ def decode_steps_vs_model(records: Sequence[RequestRecord], latency: FittedLaten
 
 
 def run_decode_points(records: Sequence[RequestRecord], *, ctx_bucket_tokens: int = 256,
-                      min_gaps: int = 5) -> list[dict[str, float]]:
+                      min_gaps: int = 5) -> list[StepPoint]:
     """Decode timing points observed in a live run: its quiet steps (:func:`_run_step_gaps`),
     grouped by batch and by mean context per stream in buckets of ``ctx_bucket_tokens``, each
     group (of at least ``min_gaps`` gaps) one point of the median gap (s) at the group's mean
@@ -553,9 +565,7 @@ def run_decode_points(records: Sequence[RequestRecord], *, ctx_bucket_tokens: in
         gaps = [g for _, g in rows]
         t = float(np.median(gaps))
         if len(rows) >= min_gaps and t > 0:
-            points.append({"prefill_tokens": 0, "prefill_sq_tokens": 0.0, "decode_batch": b,
-                           "decode_ctx_tokens": float(np.mean([c for c, _ in rows])), "time_s": t,
-                           "samples": len(rows), "kind": "decode"})
+            points.append(StepPoint.decode(b, float(np.mean([c for c, _ in rows])), t, samples=len(rows)))
     return points
 
 

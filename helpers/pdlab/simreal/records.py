@@ -4,8 +4,8 @@ The live probes (:mod:`pdlab.serve.probes`) return these; the pure fits and repl
 (:mod:`pdlab.simreal.calibrate`) read them. In a profile JSON (``pdlab-latency-profile/1``, read by
 :func:`pdlab.sim.latency.load_profile`) each record is one key of the profile, written by its
 ``to_dict`` and read back by its ``from_dict``: ``kv_link`` (:class:`LinkFit`), ``cpu_contention``
-(:class:`Contention`), ``admission`` (:class:`Admission`), beside ``points``, ``handoff_points`` and
-``calibration_s`` (:class:`Calibration`). A profile without one of those keys has none of that
+(:class:`Contention`), ``admission`` (:class:`Admission`), ``points`` (a list of :class:`StepPoint`),
+beside ``handoff_points`` and ``calibration_s`` (:class:`Calibration`). A profile without one of those keys has none of that
 measurement; a hand-written entry may leave fields out: a missing time reads as NaN, a missing
 count as 0, a missing factor, latency or per-token time as 0 (no effect in the simulator).
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from pdlab.sim.latency import FittedLatency
 
-__all__ = ["LinkFit", "Contention", "Admission", "Calibration"]
+__all__ = ["StepPoint", "step_points", "LinkFit", "Contention", "Admission", "Calibration"]
 
 _NAN = float("nan")
 
@@ -39,6 +39,88 @@ def _read(cls: type, data: Mapping[str, Any], defaults: Mapping[str, Any]) -> An
         else:
             raise KeyError(f"{cls.__name__} needs {f.name!r}")
     return cls(**kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepPoint:
+    """One timed engine step of one kind: a row of the step-time fit
+    (:func:`pdlab.simreal.calibrate.fit_row`), from a live probe or a live run.
+
+    ``prefill_tokens``: prompt tokens the step prefilled, Σl (tokens); ``prefill_sq_tokens``: Σl²
+    (tokens²). ``decode_batch``: sequences the step decoded (count); ``decode_ctx_tokens``: the
+    context they read, Σ(prompt + tokens so far) (tokens). A point is prefill-only (decode fields 0)
+    or decode-only (prefill fields 0).
+    ``time_s``: the step time (s): a median TTFT (prefill) or a mean or median token gap (decode).
+    ``samples``: timings behind ``time_s`` (count). ``kind``: ``"prefill"`` or ``"decode"``.
+    ``prompt_tokens``: decode probes only, each stream's prompt (tokens); None otherwise.
+    ``times_s``: prefill probes, every sample's TTFT (s); () otherwise.
+    ``passes`` / ``pass_medians_s``: prefill points merged over probe passes
+    (:func:`pdlab.simreal.calibrate.merge_prefill_points`): how many passes, each one's median (s).
+
+    In a profile (``points``) a point is written by :meth:`to_dict` with these names as keys;
+    ``prompt_tokens``, ``times_s`` and ``passes``/``pass_medians_s`` only when set.
+    """
+
+    prefill_tokens: int = 0
+    prefill_sq_tokens: float = 0.0
+    decode_batch: int = 0
+    decode_ctx_tokens: float = 0.0
+    time_s: float
+    samples: int = 1
+    kind: str = ""
+    prompt_tokens: int | None = None
+    times_s: tuple[float, ...] = ()
+    passes: int = 1
+    pass_medians_s: tuple[float, ...] = ()
+
+    @classmethod
+    def prefill(cls, tokens: int, time_s: float, **fields: Any) -> StepPoint:
+        """A prefill point of one ``tokens``-token prompt taking ``time_s`` seconds."""
+        return cls(prefill_tokens=int(tokens), prefill_sq_tokens=float(tokens) ** 2, time_s=float(time_s),
+                   kind="prefill", **fields)
+
+    @classmethod
+    def decode(cls, batch: int, ctx_tokens: float, time_s: float, **fields: Any) -> StepPoint:
+        """A decode point: ``batch`` sequences reading ``ctx_tokens`` tokens in all, one step of ``time_s`` s."""
+        return cls(decode_batch=int(batch), decode_ctx_tokens=float(ctx_tokens), time_s=float(time_s),
+                   kind="decode", **fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The point as one entry of a profile's ``points`` (JSON-ready)."""
+        out: dict[str, Any] = {"prefill_tokens": self.prefill_tokens, "prefill_sq_tokens": self.prefill_sq_tokens,
+                               "decode_batch": self.decode_batch, "decode_ctx_tokens": self.decode_ctx_tokens,
+                               "time_s": self.time_s, "samples": self.samples, "kind": self.kind}
+        if self.prompt_tokens is not None:
+            out["prompt_tokens"] = self.prompt_tokens
+        if self.times_s:
+            out["times_s"] = list(self.times_s)
+        if self.pass_medians_s:
+            out["passes"], out["pass_medians_s"] = self.passes, list(self.pass_medians_s)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepPoint:
+        """From one entry of a profile's ``points`` (or :func:`pdlab.sim.latency.sample_points`):
+        ``time_s`` must be there; missing token counts read as 0, ``samples`` as 1, a missing
+        ``kind`` from which fields are set. Unknown keys are ignored."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"StepPoint.from_dict needs a mapping, got {type(data).__name__}")
+        if "time_s" not in data:
+            raise KeyError("StepPoint needs 'time_s'")
+        pre, dec = int(data.get("prefill_tokens", 0)), int(data.get("decode_batch", 0))
+        kind = data.get("kind") or ("prefill" if pre > 0 else "decode" if dec > 0 else "")
+        prompt = data.get("prompt_tokens")
+        return cls(prefill_tokens=pre, prefill_sq_tokens=float(data.get("prefill_sq_tokens", 0.0)),
+                   decode_batch=dec, decode_ctx_tokens=float(data.get("decode_ctx_tokens", 0.0)),
+                   time_s=float(data["time_s"]), samples=int(data.get("samples", 1)), kind=str(kind),
+                   prompt_tokens=None if prompt is None else int(prompt),
+                   times_s=tuple(float(t) for t in data.get("times_s") or ()), passes=int(data.get("passes", 1)),
+                   pass_medians_s=tuple(float(t) for t in data.get("pass_medians_s") or ()))
+
+
+def step_points(points: Sequence[StepPoint | Mapping[str, Any]]) -> tuple[StepPoint, ...]:
+    """``points`` as StepPoints (mappings read by :meth:`StepPoint.from_dict`)."""
+    return tuple(p if isinstance(p, StepPoint) else StepPoint.from_dict(p) for p in points)
 
 
 @dataclass(frozen=True)
@@ -155,7 +237,8 @@ class Calibration:
     ``meta`` mirrors the typed fields below in their profile form (``kv_link``, ``cpu_contention``,
     ``admission``, ``points``, ``handoff_points``, ``calibration_s``), kept in step on construction,
     so ``latency`` alone — or a profile file read back — carries them.
-    ``prefill_points`` / ``decode_points``: the timing points of the fit (``time_s`` in s, token counts).
+    ``prefill_points`` / ``decode_points``: the timing points of the fit (:class:`StepPoint`; mappings
+    in its profile form are read on construction).
     ``handoff_points``: TTFTs through the proxy, ``{"tokens", "ttft_s", "samples"}`` (tokens, s, count).
     ``kv_link``: the fitted hand-off, or None when no proxy was probed.
     ``contention``: each role's slowdown while the other works, or None (one server).
@@ -164,8 +247,8 @@ class Calibration:
     """
 
     latency: FittedLatency
-    prefill_points: Sequence[Mapping[str, Any]] = ()
-    decode_points: Sequence[Mapping[str, Any]] = ()
+    prefill_points: Sequence[StepPoint] = ()
+    decode_points: Sequence[StepPoint] = ()
     handoff_points: Sequence[Mapping[str, Any]] = ()
     kv_link: LinkFit | None = None
     contention: Contention | None = None
@@ -173,12 +256,12 @@ class Calibration:
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prefill_points", tuple(self.prefill_points))
-        object.__setattr__(self, "decode_points", tuple(self.decode_points))
+        object.__setattr__(self, "prefill_points", step_points(self.prefill_points))
+        object.__setattr__(self, "decode_points", step_points(self.decode_points))
         object.__setattr__(self, "handoff_points", tuple(self.handoff_points))
         meta = {k: v for k, v in self.latency.meta.items()
                 if k not in ("kv_link", "cpu_contention", "admission", "points", "handoff_points", "calibration_s")}
-        points = list(self.prefill_points) + list(self.decode_points)
+        points = [p.to_dict() for p in self.prefill_points + self.decode_points]
         for key, value in (("points", points), ("handoff_points", list(self.handoff_points))):
             if value:
                 meta[key] = value
@@ -194,9 +277,9 @@ class Calibration:
     def from_latency(cls, latency: FittedLatency) -> Calibration:
         """The record a fitted model's ``meta`` holds (its profile keys parsed once, here)."""
         meta = latency.meta
-        points = list(meta.get("points") or [])
-        pre = [p for p in points if float(p.get("prefill_tokens", 0)) > 0]
-        dec = [p for p in points if float(p.get("decode_batch", 0)) > 0]
+        points = step_points(meta.get("points") or ())
+        pre = [p for p in points if p.prefill_tokens > 0]
+        dec = [p for p in points if p.decode_batch > 0]
         return cls(latency, pre, dec, list(meta.get("handoff_points") or []), _typed(meta, "kv_link", LinkFit),
                    _typed(meta, "cpu_contention", Contention), _typed(meta, "admission", Admission),
                    float(meta.get("calibration_s", 0.0)))

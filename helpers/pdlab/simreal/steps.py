@@ -29,12 +29,13 @@ from typing import Any
 from pdlab.models import ModelConfig
 from pdlab.roofline.measure import LayerShape, TorchLayer, time_fn, torch_dtype
 
-__all__ = ["StepPoint", "measure_steps", "step_fit_points", "fit_step_profile", "nnls_small"]
+__all__ = ["MeasuredStep", "measure_steps", "step_fit_points", "fit_step_profile", "nnls_small"]
 
 
 @dataclass
-class StepPoint:
-    """One measured forward step of the whole model (seconds)."""
+class MeasuredStep:
+    """One measured forward step of the whole model (seconds); :func:`step_fit_points` turns it into a
+    fit row (the live probes' counterpart is :class:`pdlab.simreal.records.StepPoint`)."""
 
     phase: str
     batch: int
@@ -88,7 +89,7 @@ class _StepModel:
 def measure_steps(model: ModelConfig, device: str, *, prefill: Iterable[tuple[int, int]],
                   decode: Iterable[tuple[int, int]], dtype: str = "bf16", repeats: int = 5,
                   min_seconds: float = 0.0, max_repeats: int = 100,
-                  progress: Callable[[str], None] | None = None) -> list[StepPoint]:
+                  progress: Callable[[str], None] | None = None) -> list[MeasuredStep]:
     """Time whole-model forward steps: ``prefill`` as ``(batch, tokens)``, ``decode`` as ``(batch, context)``.
 
     Each point runs ``repeats`` times, and again in rounds of ``repeats`` while the timed total is
@@ -101,7 +102,7 @@ def measure_steps(model: ModelConfig, device: str, *, prefill: Iterable[tuple[in
     net = _StepModel(model, device, dtype)
     gen = torch.Generator(device=device).manual_seed(4)
     warmup = 2 if device == "cuda" else 1
-    out: list[StepPoint] = []
+    out: list[MeasuredStep] = []
     plan = [("prefill", b, s) for b, s in prefill] + [("decode", b, c) for b, c in decode]
     oom = getattr(torch, "OutOfMemoryError", RuntimeError)
     for phase, batch, length in plan:
@@ -123,7 +124,7 @@ def measure_steps(model: ModelConfig, device: str, *, prefill: Iterable[tuple[in
             if device == "cuda":
                 torch.cuda.empty_cache()
             continue
-        out.append(StepPoint(phase, batch, new, length, min(times), statistics.median(times), len(times)))
+        out.append(MeasuredStep(phase, batch, new, length, min(times), statistics.median(times), len(times)))
         say(f"  {phase:<7} B={batch:<4} {'S' if phase == 'prefill' else 'C'}={length:<6} "
             f"{out[-1].time_s * 1e3:9.3f} ms")
         caches = x = run = None
@@ -132,11 +133,11 @@ def measure_steps(model: ModelConfig, device: str, *, prefill: Iterable[tuple[in
     return out
 
 
-def step_fit_points(points: Iterable[StepPoint | Mapping[str, Any]]) -> list[dict[str, float]]:
+def step_fit_points(points: Iterable[MeasuredStep | Mapping[str, Any]]) -> list[dict[str, float]]:
     """Rows for :func:`pdlab.sim.latency.fit_latency` (prefill: Σl and Σl²; decode: batch and Σctx)."""
     rows = []
     for p in points:
-        d = p.as_dict() if isinstance(p, StepPoint) else dict(p)
+        d = p.as_dict() if isinstance(p, MeasuredStep) else dict(p)
         b = int(d["batch"])
         if d["phase"] == "prefill":
             s = int(d["tokens"])
@@ -175,7 +176,7 @@ def nnls_small(rows: list[list[float]], ys: list[float]) -> list[float]:
     return [float(v) for v in best / scale]
 
 
-def fit_step_profile(points: Iterable[StepPoint | Mapping[str, Any]], meta: dict[str, Any] | None = None):
+def fit_step_profile(points: Iterable[MeasuredStep | Mapping[str, Any]], meta: dict[str, Any] | None = None):
     """Fit measured steps to DistServe's form: a :class:`pdlab.sim.latency.FittedLatency`.
 
     Uses :func:`pdlab.sim.latency.fit_latency` (scipy's NNLS); without scipy, the same fit with
