@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from pdlab.catalog import UnknownNameError
 
-__all__ = ["main", "build_parser", "emit", "CLIError", "Subcommands"]
+__all__ = ["main", "build_parser", "emit", "CLIError", "Subcommands", "add_actions", "add_slo_arguments", "slo_from_args"]
 
 _COMMANDS = ["pdlab.cli.kv", "pdlab.cli.course", "pdlab.cli.trace", "pdlab.cli.queue", "pdlab.cli.simulate", "pdlab.cli.place",
              "pdlab.cli.roofline",
@@ -38,6 +38,31 @@ class Subcommands(Protocol):
 
 class CLIError(Exception):
     """A user error: printed without a traceback; exit status 2."""
+
+
+def add_actions(parser: argparse.ArgumentParser, name: str, metavar: str = "ACTION") -> Subcommands:
+    """The actions of ``pdlab NAME`` (``pdlab NAME ACTION ...``; one is required), each added with
+    ``add_parser``; the chosen one is ``args.NAME_command``."""
+    return parser.add_subparsers(dest=f"{name}_command", required=True, metavar=metavar)
+
+
+def add_slo_arguments(parser: argparse.ArgumentParser, *, required: bool = False, e2e: bool = False,
+                      what: str = "") -> None:
+    """``--slo-ttft`` and ``--slo-tpot`` (with ``e2e``, ``--slo-e2e`` too), in seconds; ``what``
+    starts their help (e.g. ``"slo-aware: "``). :func:`slo_from_args` reads them."""
+    parser.add_argument("--slo-ttft", type=float, required=required, help=f"{what}TTFT SLO, s")
+    parser.add_argument("--slo-tpot", type=float, required=required, help=f"{what}TPOT SLO, s")
+    if e2e:
+        parser.add_argument("--slo-e2e", type=float, help=f"{what}E2E SLO, s")
+
+
+def slo_from_args(args: argparse.Namespace):
+    """The :class:`pdlab.metrics.SLO` of the ``--slo-*`` options (:func:`add_slo_arguments`), or None
+    when none is given."""
+    from pdlab.metrics import SLO
+
+    values = [getattr(args, f"slo_{k}", None) for k in ("ttft", "tpot", "e2e")]
+    return None if all(v is None for v in values) else SLO(*values)
 
 
 def emit(payload: Any, as_json: bool, text: str | None = None) -> None:

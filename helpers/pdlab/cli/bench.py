@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from pdlab.cli import CLIError, Subcommands, emit
+from pdlab.cli import CLIError, Subcommands, add_slo_arguments, emit, slo_from_args
 
 __all__ = ["register", "run"]
 
@@ -27,9 +27,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--max-concurrency", type=int)
     p.add_argument("--max-prompt-tokens", type=int, default=3072, help="clip prompts (default 3072)")
     p.add_argument("--max-output-tokens", type=int, default=512)
-    p.add_argument("--slo-ttft", type=float, help="TTFT objective, seconds")
-    p.add_argument("--slo-tpot", type=float, help="TPOT objective, seconds")
-    p.add_argument("--slo-e2e", type=float, help="E2E objective, seconds")
+    add_slo_arguments(p, e2e=True)
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="bench", help="file prefix under build/bench/")
@@ -39,16 +37,13 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdlab.metrics import SLO
     from pdlab.serve.bench import ClientOptions, build_workload, format_summary, run_bench
 
     if args.rate <= 0:
         raise CLIError(f"--rate must be positive, got {args.rate}")
     if args.duration is None and args.num_requests is None:
         raise CLIError("give --duration SECONDS or --num-requests N")
-    slo = None
-    if any(v is not None for v in (args.slo_ttft, args.slo_tpot, args.slo_e2e)):
-        slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot, e2e_s=args.slo_e2e)
+    slo = slo_from_args(args)
     requests = build_workload(args.workload, rate_rps=args.rate, n=args.num_requests, duration_s=args.duration,
                               arrival=args.arrival, cv=args.cv, seed=args.seed,
                               max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pdlab.cli import CLIError, Subcommands, emit
+from pdlab.cli import CLIError, Subcommands, add_actions, emit
 
 __all__ = ["register"]
 
 
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("course", help="build, run and export the course notebooks", description=__doc__)
-    csub = p.add_subparsers(dest="course_command", required=True, metavar="ACTION")
+    csub = add_actions(p, "course")
 
     b = csub.add_parser("build", help="generate notebooks/ and labs/ from solutions/")
     b.add_argument("--check", action="store_true", help="only report copies that are out of date (exit 1)")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from pdlab.cli import CLIError, Subcommands, emit
+from pdlab.cli import CLIError, Subcommands, add_actions, emit
 
 __all__ = ["register"]
 
 
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("model", help="build offline model folders for the live labs", description=__doc__)
-    msub = p.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    msub = add_actions(p, "model")
     b = msub.add_parser("build", help="write a model folder (nothing is downloaded)")
     b.add_argument("--preset", required=True,
                    help="tiny | smollm2-135m | a catalog model name (config + tokenizer only, for --load-format dummy)")

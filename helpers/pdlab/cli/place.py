@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pdlab.cli import CLIError, Subcommands, emit
+from pdlab.cli import CLIError, Subcommands, add_slo_arguments, emit, slo_from_args
 from pdlab.sched.deploy_export import EXPORT_TARGETS, ROUTER_MODES
 
 __all__ = ["register", "run"]
@@ -30,8 +30,7 @@ def register(sub: Subcommands) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", help="sharegpt, fixed-512-64, fixed-P-O, mooncake-conversation, mooncake-synthetic")
     src.add_argument("--trace", help="Mooncake JSONL trace whose lengths are sampled")
-    p.add_argument("--slo-ttft", type=float, required=True, help="TTFT SLO, s")
-    p.add_argument("--slo-tpot", type=float, required=True, help="TPOT SLO, s")
+    add_slo_arguments(p, required=True)
     p.add_argument("--attainment", type=float, default=0.9, help="SLO attainment goal (default 0.9)")
     p.add_argument("--affinity", choices=["high", "low"], default="high",
                    help="high: Alg. 1 (fast cross-node network); low: Alg. 2 (pairs inside a node)")
@@ -52,7 +51,6 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdlab.metrics import SLO
     from pdlab.sched.placement import SEARCH_PROFILES, place
 
     if args.nodes < 1 or args.gpus_per_node < 1:
@@ -61,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--attainment must be in (0, 1], got {args.attainment}")
     if args.cross_node_gbps is not None and args.cross_node_gbps <= 0:
         raise CLIError("--cross-node-gbps must be positive")
-    slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+    slo = slo_from_args(args)
     workload = args.workload or args.trace
     if args.trace and not args.trace.endswith(".jsonl"):
         raise CLIError(f"--trace expects a Mooncake .jsonl file, got {args.trace}")

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 
-from pdlab.cli import CLIError, Subcommands, emit
+from pdlab.cli import CLIError, Subcommands, add_actions, add_slo_arguments, emit, slo_from_args
 
 __all__ = ["register", "run_policies", "run_serve"]
 
 
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("router", help="route requests to colocated or disaggregated serving", description=__doc__)
-    rsub = p.add_subparsers(dest="router_command", required=True, metavar="ACTION")
+    rsub = add_actions(p, "router")
     ls = rsub.add_parser("policies", help="list routing policies and output-length predictors")
     ls.add_argument("--json", action="store_true", help="print JSON")
     ls.set_defaults(func=run_policies)
@@ -28,8 +28,7 @@ def register(sub: Subcommands) -> None:
     s.add_argument("--predictor", default="history", choices=["constant", "history"])
     s.add_argument("--constant-output", type=float, default=182.0, help="constant predictor: tokens (default 182)")
     s.add_argument("--tokenizer", help="model folder whose tokenizer counts prompt tokens")
-    s.add_argument("--slo-ttft", type=float, help="slo-aware: TTFT SLO, s")
-    s.add_argument("--slo-tpot", type=float, help="slo-aware: TPOT SLO, s")
+    add_slo_arguments(s, what="slo-aware: ")
     s.add_argument("--latency-profile", help="slo-aware: latency profile JSON (pdlab.sim.load_profile) of the servers")
     s.add_argument("--json", action="store_true", help="print the configuration as JSON before serving")
     s.set_defaults(func=run_serve)
@@ -48,7 +47,6 @@ def run_policies(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from pdlab.metrics import SLO
     from pdlab.router.policies import LoadEstimator, make_policy, make_predictor
     from pdlab.router.server import RouterConfig, make_router_app, prompt_counter
 
@@ -59,7 +57,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.policy == "threshold":
         kwargs["prompt_threshold"] = args.prompt_threshold
     elif args.policy == "slo-aware":
-        if args.slo_ttft is None and args.slo_tpot is None:
+        slo = slo_from_args(args)
+        if slo is None:
             raise CLIError("slo-aware needs --slo-ttft and/or --slo-tpot")
         if not args.latency_profile:
             raise CLIError("slo-aware needs --latency-profile (a fitted latency profile of the servers)")
@@ -67,7 +66,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
         lm = load_profile(args.latency_profile)
         estimator = LoadEstimator(lm, lm, lm)
-        kwargs["slo"] = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+        kwargs["slo"] = slo
     policy = make_policy(args.policy, **kwargs)
     predictor = make_predictor("constant", tokens=args.constant_output) if args.predictor == "constant" \
         else make_predictor("history", default=args.constant_output)

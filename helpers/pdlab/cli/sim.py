@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from pdlab.cli import CLIError, Subcommands, emit
+from pdlab.cli import CLIError, Subcommands, add_actions, emit
 
 __all__ = ["register", "run_calibrate"]
 
@@ -23,7 +23,7 @@ def _ints(text: str) -> tuple[int, ...]:
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("sim", help="simulator tools: calibrate a latency profile on a live server",
                        description="Simulator tools (see also `pdlab simulate`).")
-    ssub = p.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
+    ssub = add_actions(p, "sim", metavar="SUBCOMMAND")
     c = ssub.add_parser("calibrate", help="probe a live server, fit prefill/decode step times, write a profile",
                         description=__doc__ + "\n\nThe profile is read by `pdlab simulate --profile PATH` and "
                         "pdlab.sim.latency.load_profile.")

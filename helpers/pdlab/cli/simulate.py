@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pdlab.cli import CLIError, Subcommands, emit
+from pdlab.cli import CLIError, Subcommands, add_slo_arguments, emit, slo_from_args
 
 __all__ = ["register", "run"]
 
@@ -47,8 +47,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--dispatch", choices=["round_robin", "shortest_queue", "least_loaded"],
                    help="dispatch of arrivals (default: round_robin, shortest_queue when disaggregated)")
     p.add_argument("--profile", help="latency profile JSON (DistServe-style fit) instead of the roofline model")
-    p.add_argument("--slo-ttft", type=float, help="TTFT SLO, s")
-    p.add_argument("--slo-tpot", type=float, help="TPOT SLO, s")
+    add_slo_arguments(p)
     p.add_argument("--records", help="write per-request records to this JSONL file")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
@@ -74,7 +73,6 @@ def _requests(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdlab.metrics import SLO
     from pdlab.sim import simulate
     from pdlab.sim.latency import load_profile
 
@@ -85,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--prefill/--decode need --mode disaggregated; use --instances N otherwise")
     if not disagg and (args.link or args.bandwidth_gbs):
         raise CLIError("--link/--bandwidth-gbs need --mode disaggregated")
-    slo = None
-    if args.slo_ttft is not None or args.slo_tpot is not None:
-        slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+    slo = slo_from_args(args)
     latency = None
     if args.profile:
         prof_path = args.profile

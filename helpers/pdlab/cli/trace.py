@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from pdlab.cli import CLIError, Subcommands, emit
+from pdlab.cli import CLIError, Subcommands, add_actions, emit
 from pdlab.kvcache import BLOCK_TOKENS, cache_hit_ratio
 from pdlab.workloads import Request, TraceFormatError, read_mooncake_jsonl
 
@@ -51,7 +51,7 @@ def load_trace(path: Path, skip_bad: bool = False) -> tuple[list[Request], list[
 
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("trace", help="statistics of a Mooncake-format request trace", description=__doc__)
-    tsub = p.add_subparsers(dest="trace_command", required=True, metavar="ACTION")
+    tsub = add_actions(p, "trace")
     s = tsub.add_parser("stats", help="requests, average lengths, duration, prefix-cache hit ratio")
     s.add_argument("path", help="JSONL trace (timestamp ms, input_length, output_length, hash_ids)")
     s.add_argument("--cache-blocks", type=int, default=None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from pdlab.cli import CLIError, Subcommands, emit
+from pdlab.cli import CLIError, Subcommands, add_actions, emit
 from pdlab.transfer.bench import benchmark
 from pdlab.transfer.measurement import VerificationError
 from pdlab.transfer.sizes import parse_sizes, sizes_for_profile
@@ -21,7 +21,7 @@ __all__ = ["register", "run_bench"]
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("transfer", help="measured KV-cache transfers (shm, tcp, gloo, Mooncake, NIXL, CUDA)",
                        description=__doc__)
-    tsub = p.add_subparsers(dest="transfer_command", required=True, metavar="ACTION")
+    tsub = add_actions(p, "transfer")
     b = tsub.add_parser("bench", help="sweep sizes over transports, verified, against memcpy",
                         description=__doc__)
     b.add_argument("--transport", default="shm,tcp",

@@ -12,14 +12,14 @@ import argparse
 import json
 from pathlib import Path
 
-from pdlab.cli import CLIError, Subcommands, emit
+from pdlab.cli import CLIError, Subcommands, add_actions, emit
 
 __all__ = ["register", "run_agentic"]
 
 
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("workload", help="generate synthetic workloads (agentic sessions)", description=__doc__)
-    wsub = p.add_subparsers(dest="workload_command", required=True, metavar="KIND")
+    wsub = add_actions(p, "workload", metavar="KIND")
     a = wsub.add_parser("agentic", help="multi-turn tool-calling sessions with shared, growing prefixes")
     a.add_argument("--sessions", type=int, default=256, help="number of sessions (default 256)")
     a.add_argument("--turns", type=float, help="mean turns per session (default 2.5, geometric)")

@@ -323,9 +323,26 @@ def attainable_flops(arithmetic_intensity: float, peak_flops: float, bytes_per_s
     return min(peak_flops, arithmetic_intensity * bytes_per_s)
 
 
+class _OpsTotal:
+    """A read-only attribute of :class:`RooflineResult` named after an :class:`OpCost` field: that
+    field summed over the result's ``ops`` (per GPU; FLOPs or bytes)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = name
+
+    def __get__(self, result: RooflineResult | None, owner: type | None = None) -> float:
+        if result is None:
+            return self  # type: ignore[return-value]  # the descriptor itself, on the class
+        return sum(getattr(op, self.field) for op in result.ops)
+
+
 @dataclass
 class RooflineResult:
-    """The analytic roofline of one forward step on one device (all figures per GPU)."""
+    """The analytic roofline of one forward step on one device (all figures per GPU).
+
+    ``flops``, ``bytes``, ``weight_bytes``, ``kv_bytes``, ``comm_bytes``: the step's totals, each
+    the sum of that :class:`OpCost` field over ``ops``.
+    """
 
     model: str
     device: str
@@ -342,25 +359,11 @@ class RooflineResult:
     link_bytes_per_s: float | None
     ops: list[OpCost] = field(default_factory=list)
 
-    @property
-    def flops(self) -> float:
-        return sum(op.flops for op in self.ops)
-
-    @property
-    def bytes(self) -> float:
-        return sum(op.bytes for op in self.ops)
-
-    @property
-    def weight_bytes(self) -> float:
-        return sum(op.weight_bytes for op in self.ops)
-
-    @property
-    def kv_bytes(self) -> float:
-        return sum(op.kv_bytes for op in self.ops)
-
-    @property
-    def comm_bytes(self) -> float:
-        return sum(op.comm_bytes for op in self.ops)
+    flops = _OpsTotal()
+    bytes = _OpsTotal()
+    weight_bytes = _OpsTotal()
+    kv_bytes = _OpsTotal()
+    comm_bytes = _OpsTotal()
 
     @property
     def arithmetic_intensity(self) -> float:

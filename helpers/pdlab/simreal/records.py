@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from pdlab.sim.latency import FittedLatency
 
@@ -123,8 +123,29 @@ def step_points(points: Sequence[StepPoint | Mapping[str, Any]]) -> tuple[StepPo
     return tuple(p if isinstance(p, StepPoint) else StepPoint.from_dict(p) for p in points)
 
 
+class _ProfileEntry:
+    """A record stored as one entry of a profile: :meth:`to_dict` writes its fields by name,
+    :meth:`from_dict` reads them back, a field the entry leaves out from ``_MISSING`` (a hand-written
+    or older entry); a field without one there must be given."""
+
+    _MISSING: ClassVar[Mapping[str, Any]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's profile entry (JSON-ready)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """From the record's profile entry (missing fields as the class says)."""
+        return _read(cls, data, cls._missing(data))
+
+    @classmethod
+    def _missing(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        return cls._MISSING
+
+
 @dataclass(frozen=True)
-class LinkFit:
+class LinkFit(_ProfileEntry):
     """The KV hand-off fitted on TTFTs through the disaggregation proxy
     (:func:`pdlab.simreal.calibrate.fit_handoff`): a hand-off of l tokens takes ``latency_s + l·s_per_token``.
 
@@ -132,25 +153,20 @@ class LinkFit:
     ``s_per_token``: time per prompt token moved (s/token).
     ``mae_s``: the fit's mean absolute error (s).
     ``points``: prompt lengths the fit used (count).
+
+    The profile's ``kv_link`` entry; a missing latency or per-token time reads as 0 s.
     """
+
+    _MISSING: ClassVar[Mapping[str, Any]] = {"latency_s": 0.0, "s_per_token": 0.0, "mae_s": _NAN, "points": 0}
 
     latency_s: float
     s_per_token: float
     mae_s: float = _NAN
     points: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        """The profile's ``kv_link`` entry."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LinkFit:
-        """From a profile's ``kv_link`` entry (missing latency or per-token time: 0 s)."""
-        return _read(cls, data, {"latency_s": 0.0, "s_per_token": 0.0, "mae_s": _NAN, "points": 0})
-
 
 @dataclass(frozen=True)
-class Contention:
+class Contention(_ProfileEntry):
     """Each role's slowdown while the other works, two servers on one host
     (:func:`pdlab.serve.probes.probe_contention`).
 
@@ -160,7 +176,14 @@ class Contention:
     ``decode_alone_s`` / ``decode_busy_s``: mean decode step alone / while prompts are prefilled (s).
     ``prefill`` / ``decode``: max(0, busy/alone − 1) of each role (dimensionless): the simulator's
     ``InstanceSpec.cpu_contention`` (an iteration takes ``1 + c`` times as long while the other works).
+
+    The profile's ``cpu_contention`` entry; ``{"prefill": c_p, "decode": c_d}`` alone is enough (the
+    measured times then read as NaN, a missing factor as 0).
     """
+
+    _MISSING: ClassVar[Mapping[str, Any]] = {"prompt_tokens": 0, "decode_streams": 0, "prefill_alone_s": _NAN,
+                                             "prefill_busy_s": _NAN, "decode_alone_s": _NAN, "decode_busy_s": _NAN,
+                                             "prefill": 0.0, "decode": 0.0}
 
     prompt_tokens: int
     decode_streams: int
@@ -171,21 +194,9 @@ class Contention:
     prefill: float
     decode: float
 
-    def to_dict(self) -> dict[str, Any]:
-        """The profile's ``cpu_contention`` entry."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Contention:
-        """From a profile's ``cpu_contention`` entry; ``{"prefill": c_p, "decode": c_d}`` alone is
-        enough (the measured times then read as NaN, a missing factor as 0)."""
-        return _read(cls, data, {"prompt_tokens": 0, "decode_streams": 0, "prefill_alone_s": _NAN,
-                                 "prefill_busy_s": _NAN, "decode_alone_s": _NAN, "decode_busy_s": _NAN,
-                                 "prefill": 0.0, "decode": 0.0})
-
 
 @dataclass(frozen=True)
-class Admission:
+class Admission(_ProfileEntry):
     """What each request handed off through the proxy costs the streams already decoding
     (:func:`pdlab.serve.probes.probe_admission`).
 
@@ -196,6 +207,9 @@ class Admission:
     ``gaps_busy``: token gaps measured during the side traffic (count).
     ``raw_overhead_s``: F = T·(1 − m0/m1), seconds each admission adds to one decode step (s; may be < 0).
     ``overhead_s``: max(0, F) (s): the simulator's ``InstanceSpec.admit_overhead_s``.
+
+    The profile's ``admission`` entry; missing times read as NaN, counts as 0, a missing raw F as the
+    stored ``overhead_s``.
     """
 
     streams: int
@@ -209,19 +223,12 @@ class Admission:
     raw_overhead_s: float
     overhead_s: float
 
-    def to_dict(self) -> dict[str, Any]:
-        """The profile's ``admission`` entry."""
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Admission:
-        """From a profile's ``admission`` entry (missing times NaN, counts 0; a missing raw F is the
-        stored ``overhead_s``)."""
+    def _missing(cls, data: Mapping[str, Any]) -> Mapping[str, Any]:
         raw = data.get("raw_overhead_s", data.get("overhead_s", _NAN)) if isinstance(data, Mapping) else _NAN
         overhead = max(0.0, raw) if math.isfinite(raw) else _NAN
-        return _read(cls, data, {"streams": 0, "stream_prompt": 0, "side_prompt": 0, "side_requests": 0,
-                                 "period_s": _NAN, "itl_alone_s": _NAN, "itl_busy_s": _NAN, "gaps_busy": 0,
-                                 "raw_overhead_s": raw, "overhead_s": overhead})
+        return {"streams": 0, "stream_prompt": 0, "side_prompt": 0, "side_requests": 0, "period_s": _NAN,
+                "itl_alone_s": _NAN, "itl_busy_s": _NAN, "gaps_busy": 0, "raw_overhead_s": raw, "overhead_s": overhead}
 
 
 def _typed(meta: Mapping[str, Any], key: str, cls: type) -> Any:

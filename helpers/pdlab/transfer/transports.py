@@ -321,6 +321,39 @@ class TcpSender(Sender):
             self.conn.close()
 
 
+def _gloo_join(host: str, port: int, rank: int, array: np.ndarray):
+    """Join the two-rank gloo group whose store rank 0 hosts at ``host:port`` (60 s time-out); return
+    ``array`` as a torch tensor sharing its memory."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    return torch.from_numpy(array)
+
+
+def _gloo_layers(tensor, layout: KVLayout, layers, *, send: bool) -> None:
+    """Move ``layers`` of ``tensor`` from rank 1 to rank 0, one point-to-point message per layer:
+    rank 1 calls this with ``send``, rank 0 without."""
+    import torch.distributed as dist
+
+    for layer in layers:
+        off, n = layout.layer_span(layer)
+        if send:
+            dist.send(tensor[off:off + n], dst=0)
+        else:
+            dist.recv(tensor[off:off + n], src=1)
+
+
+def _gloo_leave() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class GlooReceiver(Receiver):
     """Rank 0 (it hosts the rendezvous store); data flows from rank 1 to rank 0."""
 
@@ -334,27 +367,13 @@ class GlooReceiver(Receiver):
         return {"gloo_port": self.port}
 
     def accept(self) -> None:
-        import datetime
-
-        import torch
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=f"tcp://{self.host}:{self.port}", rank=0, world_size=2,
-                                timeout=datetime.timedelta(seconds=60))
-        self.tensor = torch.from_numpy(self.buf)
+        self.tensor = _gloo_join(self.host, self.port, 0, self.buf)
 
     def receive(self, layout: KVLayout, side: SideChannel) -> None:
-        import torch.distributed as dist
-
-        for layer in range(layout.layers):
-            off, n = layout.layer_span(layer)
-            dist.recv(self.tensor[off:off + n], src=1)
+        _gloo_layers(self.tensor, layout, range(layout.layers), send=False)
 
     def close(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _gloo_leave()
 
 
 class GlooSender(Sender):
@@ -362,27 +381,13 @@ class GlooSender(Sender):
     one_sided = False
 
     def connect(self, endpoint: dict) -> None:
-        import datetime
-
-        import torch
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=f"tcp://{self.host}:{endpoint['gloo_port']}", rank=1,
-                                world_size=2, timeout=datetime.timedelta(seconds=60))
-        self.tensor = torch.from_numpy(self.src)
+        self.tensor = _gloo_join(self.host, endpoint["gloo_port"], 1, self.src)
 
     def send_layers(self, layout: KVLayout, layers: list[int]) -> None:
-        import torch.distributed as dist
-
-        for layer in layers:
-            off, n = layout.layer_span(layer)
-            dist.send(self.tensor[off:off + n], dst=0)
+        _gloo_layers(self.tensor, layout, layers, send=True)
 
     def close(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _gloo_leave()
 
 
 class MooncakeReceiver(Receiver):
