@@ -28,13 +28,14 @@ from pathlib import Path
 import numpy as np
 from pdlab.metrics import tpot_s
 from pdlab.paths import build_dir
+from pdlab.process import pin_threads
 from pdlab.serve import DeployPorts, disaggregated
 from pdlab.serve.bench import build_workload, run_bench
 from pdlab.serve.cpucost import tree_processes
 from pdlab.serve.evidence import scrape_metrics
 from pdlab.serve.modelbuild import build_model
 from pdlab.serve.probes import PROBE_PLANS, probe_decode, probe_prefill
-from pdlab.simreal.calibrate import decode_steps_vs_model, fit_profile
+from pdlab.simreal.calibrate import decode_steps_vs_model, fit_profile, quiet_step_ratio
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -103,19 +104,6 @@ def _tokens(url: str) -> float:
     return scrape_metrics(url).total("vllm:generation_tokens_total")
 
 
-def _pin(pids, cpus: set[int]) -> int:
-    """Set the CPU affinity of every thread of each process to ``cpus``; returns how many threads."""
-    n = 0
-    for pid in pids:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                os.sched_setaffinity(int(task.name), cpus)
-                n += 1
-            except OSError:
-                pass
-    return n
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=3.0, help="requests per second (lab 05's middle rate)")
@@ -147,10 +135,10 @@ def main() -> None:
         for rnd in range(args.rounds):
             for cond in ("A, as deployed", "B, decode core reserved"):
                 if cond.startswith("B"):
-                    n = _pin(floating, {0})
+                    n = pin_threads(floating, {0})
                 else:   # back to each process's own affinity
                     for p, cpus in default_affinity.items():
-                        _pin([p], cpus)
+                        pin_threads([p], cpus)
                     n = 0
                 load0 = os.getloadavg()[0]
                 before, tok0 = _snapshot(roles), _tokens(dec_url)
@@ -159,7 +147,7 @@ def main() -> None:
                 recs = res.records
                 wall = max(r.finish_s or 0 for r in recs) - min(r.arrival_s for r in recs)
                 steps = [row for row in decode_steps_vs_model(recs, lat) if np.isfinite(row["live / fitted, quiet"])]
-                q = np.average([r["live / fitted, quiet"] for r in steps], weights=[r["quiet gaps"] for r in steps])
+                q = quiet_step_ratio(recs, lat)
                 print(f"\nround {rnd + 1}, {cond} ({n} threads pinned to core 0; load average {load0:.1f}): "
                       f"{sum(r.ok for r in recs)}/{len(recs)} ok, TPOT p50 {np.median(tpot_s(recs)) * 1e3:.1f} ms, "
                       f"quiet decode steps live / probe fit {q:.2f} (by batch: "

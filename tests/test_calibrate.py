@@ -463,6 +463,38 @@ def test_run_decode_points_and_refit_recover_the_decode_row_from_the_run_itself(
         assert off.decode_time_s([ctx // b] * b) == pytest.approx(2 * TRUE.decode_time_s([ctx // b] * b), rel=1e-9)
 
 
+def test_quiet_step_ratio_is_one_for_the_true_model_and_halves_for_a_model_twice_as_slow():
+    """The gap-weighted quiet-step ratio of a run that follows TRUE: 1 against TRUE, ½ against a
+    decode row twice TRUE's."""
+    from pdlab.simreal.calibrate import quiet_step_ratio
+
+    recs = _varied_run(TRUE)
+    assert quiet_step_ratio(recs, TRUE) == pytest.approx(1.0, rel=0.02)
+    slow = FittedLatency(TRUE.prefill, tuple(2 * c for c in TRUE.decode))
+    assert quiet_step_ratio(recs, slow) == pytest.approx(0.5, rel=0.02)
+
+
+def test_refit_prefill_on_run_brings_a_slow_probe_fit_to_the_runs_level():
+    """A run that follows TRUE, replayed with a prefill row 1.5× TRUE's: the prefill-quiet requests
+    set a scale near 1/1.5, which brings the row back to TRUE's; decode and meta are kept."""
+    from pdlab.simreal.calibrate import prefill_quiet_requests, refit_prefill_on_run
+
+    recs = _varied_run(TRUE, rate=2.0)
+    quiet = prefill_quiet_requests(recs)
+    assert 3 <= len(quiet) < len(recs)
+    for r in quiet:
+        assert not any(o is not r and o.arrival_s < r.first_token_s and o.first_token_s > r.arrival_s for o in recs)
+    slow = FittedLatency(tuple(1.5 * c for c in TRUE.prefill), TRUE.decode, meta={"fit": {"prefill": {"mape": 0.02}}})
+    fixed = refit_prefill_on_run(slow, recs, "colocated")
+    assert fixed.decode == TRUE.decode and fixed.meta["fit"]["prefill_probe"] == {"mape": 0.02}
+    assert fixed.meta["fit"]["prefill"]["scale"] == pytest.approx(1 / 1.5, rel=0.05)
+    assert fixed.meta["fit"]["prefill"]["requests"] == len(quiet)
+    for tokens in (64, 512, 1024):
+        assert fixed.prefill_time_s([tokens]) == pytest.approx(TRUE.prefill_time_s([tokens]), rel=0.05)
+    with pytest.raises(ValueError, match="met no prefill queue"):
+        refit_prefill_on_run(slow, recs[:2], "colocated", min_requests=3)
+
+
 def test_run_decode_points_ignore_zero_gaps_and_noisy_steps():
     """Burst reads (0 s gaps) do not make a point; a run without steps that vary cannot be refitted."""
     from pdlab.simreal.calibrate import refit_decode_on_run, run_decode_points

@@ -100,6 +100,37 @@ def test_nothing_listens_beyond_loopback(deployment):
     assert not outside, f"sockets beyond loopback (pid, process, address, port): {outside}"
 
 
+def test_decode_cores_reserved_moves_every_front_end_off_the_decode_core_and_back(deployment):
+    """Inside ``decode_cores_reserved`` every thread of both API servers, the proxy and this process
+    runs on the prefill core, the decode engine keeps the decode core, and requests still flow;
+    afterwards every process has its own affinity back."""
+    from pdlab.serve.cpucost import tree_processes
+
+    def thread_affinities(pid):
+        out = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                out.append(os.sched_getaffinity(int(tid)))
+            except OSError:   # the thread ended meanwhile
+                pass
+        return out
+
+    fronts = deployment.front_end_pids() + [os.getpid()]
+    engine = [p.pid for p in tree_processes(deployment.decode[0].process.pid)[1:]]
+    assert len(fronts) == 4 and engine
+    before = {pid: os.sched_getaffinity(pid) for pid in fronts}
+    body = {"model": deployment.served_model(), "prompt": "reserved " * 50, "max_tokens": 4, "ignore_eos": True}
+    with deployment.decode_cores_reserved() as front_cores:
+        assert front_cores == {0}
+        for pid in fronts:
+            assert all(a == {0} for a in thread_affinities(pid)), (pid, thread_affinities(pid))
+        for pid in engine:
+            assert os.sched_getaffinity(pid) == {1}
+        status, out = _post(deployment.url + "/v1/completions", body)
+        assert status == 200 and out["usage"]["completion_tokens"] == 4
+    assert {pid: os.sched_getaffinity(pid) for pid in fronts} == before
+
+
 def test_disaggregated_requests_load_kv_through_nixl(deployment):
     before = deployment.decode_metrics()
     reqs = build_workload("fixed-300-16", rate_rps=4.0, n=6, seed=3)

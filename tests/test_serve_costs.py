@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from pdlab.process import listening_sockets, parse_cpu_list, spawn
+from pdlab.process import listening_sockets, parse_cpu_list, pin_threads, pinned, spawn
 from pdlab.serve.cpucost import busiest_threads, format_cpu, measure_cpu
 from pdlab.serve.evidence import MetricsSnapshot
 from pdlab.serve.ttft import (
@@ -61,6 +61,40 @@ def test_parse_cpu_list(spec, cpus):
 def test_parse_cpu_list_rejects_bad_lists(spec):
     with pytest.raises(ValueError, match="CPU list"):
         parse_cpu_list(spec)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="Linux with two or more cores")
+def test_pinned_pins_every_thread_of_a_process_and_gives_its_affinity_back():
+    """A thread started before the block and one started inside it both run on the one core while
+    the block runs; afterwards every thread has the process's old affinity."""
+    import threading
+
+    old = os.sched_getaffinity(0)
+    one = {min(old)}
+    seen: dict[str, set] = {}
+    stop = threading.Event()
+
+    def worker(name):
+        seen[name] = set()
+        while not stop.is_set():
+            seen[name] = os.sched_getaffinity(0)
+            time.sleep(0.01)
+
+    early = threading.Thread(target=worker, args=("early",), daemon=True)
+    early.start()
+    try:
+        with pinned([os.getpid()], one):
+            late = threading.Thread(target=worker, args=("late",), daemon=True)
+            late.start()
+            time.sleep(0.1)
+            assert os.sched_getaffinity(0) == one and seen["early"] == one and seen["late"] == one
+        time.sleep(0.1)
+        assert os.sched_getaffinity(0) == old and seen["early"] == old and seen["late"] == old
+    finally:
+        stop.set()
+        os.sched_setaffinity(0, old)
+    assert pin_threads([2 ** 22 + 1], one) == 0   # a PID that does not exist: nothing pinned, no error
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")

@@ -12,6 +12,8 @@ Same hardware budget both ways, as the labs compare them:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,7 +21,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pdlab.paths import build_dir
-from pdlab.process import ManagedProcess, ServerStartError, check_port_free, spawn, wait_http_ok
+from pdlab.process import (
+    ManagedProcess,
+    ServerStartError,
+    check_port_free,
+    parse_cpu_list,
+    pinned,
+    spawn,
+    wait_http_ok,
+)
 from pdlab.serve.evidence import MetricsSnapshot, scrape_metrics
 from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, detect_serve_device
 
@@ -186,6 +196,33 @@ class Deployment:
     def processes(self) -> list[ManagedProcess]:
         procs = [s.process for s in self.servers if s.process is not None]
         return procs + ([self.proxy] if self.proxy is not None else [])
+
+    def front_end_pids(self) -> list[int]:
+        """PIDs of the processes that speak HTTP: each server's API process (not its engine core,
+        which is a child process) and the proxy."""
+        pids = [s.process.pid for s in self.servers if s.process is not None]
+        return pids + ([self.proxy.pid] if self.proxy is not None else [])
+
+    @contextlib.contextmanager
+    def decode_cores_reserved(self, *, client: bool = True):
+        """While the block runs, the decode cores hold the decode engines alone (CPU deployments).
+
+        Every front-end process (both roles' API servers and the proxy) and, with ``client``, the
+        calling process (the benchmark client) run on the prefill servers' cores instead of
+        floating over all of them; each gets its own affinity back afterwards. On 2 cores this
+        is the layout that leaves the decode step as its probe measured it (lab 05, issue 26).
+        """
+        if not (self.prefill and self.decode) or any(s.spec.resolved_device() != "cpu" or not s.spec.cores
+                                                     for s in self.servers):
+            raise ValueError("decode_cores_reserved needs a disaggregated CPU deployment with cores set per server, "
+                             f"got {self.describe()}")
+        front = set().union(*(parse_cpu_list(s.spec.cores) for s in self.prefill))
+        decode = set().union(*(parse_cpu_list(s.spec.cores) for s in self.decode))
+        if front & decode:
+            raise ValueError(f"prefill cores {sorted(front)} and decode cores {sorted(decode)} overlap: "
+                             "nothing to reserve")
+        with pinned(self.front_end_pids() + ([os.getpid()] if client else []), front):
+            yield front
 
     def describe(self) -> str:
         lines = [f"{self.kind} deployment, entry point {self.url}"]

@@ -68,6 +68,9 @@ __all__ = [
     "decode_steps_vs_model",
     "run_decode_points",
     "refit_decode_on_run",
+    "quiet_step_ratio",
+    "prefill_quiet_requests",
+    "refit_prefill_on_run",
     "ERROR_COLUMNS",
 ]
 
@@ -580,3 +583,52 @@ def refit_decode_on_run(latency: FittedLatency, records: Sequence[RequestRecord]
     fit["decode_probe"], fit["decode"] = fit.get("decode"), {**quality, "source": "live run, quiet steps"}
     meta["fit"] = fit
     return FittedLatency(latency.prefill, decode, meta=meta)
+
+
+def quiet_step_ratio(records: Sequence[RequestRecord], latency: FittedLatency) -> float:
+    """One number for "does the decode model hold on this run": the median live ÷ fitted step time
+    of each batch range's quiet steps (:func:`decode_steps_vs_model`), averaged with the ranges'
+    numbers of quiet gaps as weights. 1.0 = the fit holds; NaN when the run has no quiet step."""
+    rows = [r for r in decode_steps_vs_model(records, latency) if r["quiet gaps"] > 0]
+    if not rows:
+        return float("nan")
+    return float(np.average([r["live / fitted, quiet"] for r in rows], weights=[r["quiet gaps"] for r in rows]))
+
+
+def prefill_quiet_requests(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The completed requests of a run that met no prefill queue: no other request was waiting for
+    its first token at any moment between their arrival and their own first token."""
+    ok = [r for r in records if r.ok and r.first_token_s is not None]
+    return [r for r in ok if not any(o is not r and o.arrival_s < r.first_token_s and o.first_token_s > r.arrival_s
+                                     for o in ok)]
+
+
+def refit_prefill_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
+                         min_requests: int = 3, **sim_kwargs: Any) -> FittedLatency:
+    """``latency`` with its prefill row scaled to a live run's own level: the median, over the run's
+    prefill-quiet requests (:func:`prefill_quiet_requests`), of live TTFT ÷ the TTFT the run's
+    replay (:func:`simulate_like_live`, ``mode`` and ``sim_kwargs``) gives them. The shape of the
+    row (how prefill grows with the prompt) stays the probe's; the run sets its level, with
+    whatever the workload adds to every prefill (front ends, proxy, the other role on the cores).
+    ``meta["fit"]["prefill"]`` records the scale and how many requests set it, ``"prefill_probe"``
+    the probe's fit. Raises ValueError with fewer than ``min_requests`` quiet requests."""
+    live = sorted((r for r in records if r.ok and r.first_token_s is not None), key=lambda r: r.arrival_s)
+    quiet = {id(r) for r in prefill_quiet_requests(live)}
+    if len(quiet) < min_requests:
+        raise ValueError(f"need >= {min_requests} requests that met no prefill queue, the run has {len(quiet)}")
+    sims = {s.request_id: s for s in simulate_like_live(requests_from_records(live), mode, latency, **sim_kwargs)}
+    ratios = []
+    for i, r in enumerate(live):   # the ids requests_from_records gives
+        sim = sims.get(r.request_id if isinstance(r.request_id, int) else i)
+        if id(r) in quiet and sim is not None and sim.ok and sim.ttft_s:
+            ratios.append(r.ttft_s / sim.ttft_s)
+    if len(ratios) < min_requests:
+        raise ValueError(f"need >= {min_requests} replayed quiet requests, got {len(ratios)}")
+    scale = float(np.median(ratios))
+    meta = dict(latency.meta)
+    fit = dict(meta.get("fit", {}))
+    fit["prefill_probe"] = fit.get("prefill")
+    fit["prefill"] = {**(fit.get("prefill") or {}), "scale": scale, "requests": len(ratios),
+                      "source": "live run, TTFT of requests that met no prefill queue"}
+    meta["fit"] = fit
+    return FittedLatency(tuple(scale * c for c in latency.prefill), latency.decode, meta=meta)
