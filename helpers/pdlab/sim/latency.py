@@ -145,18 +145,23 @@ class RooflineLatency(LatencyModel):
             "ar_fixed": 0.0 if self.tp == 1 else 2 * m.num_layers * self.allreduce_latency_s,
         }
         _ = dtype_bytes(self.dtype)  # validate
+        self._step_constants = tuple(self._c[k] for k in (
+            "flops_per_token", "attn_prefill", "attn_decode", "flops_rate", "weight_bytes", "kv_per_token",
+            "mem_rate", "ar_per_token", "ar_fixed"))
 
     def step_time_s(self, prefill_tokens: int, prefill_sq_tokens: float, decode_batch: int,
                     decode_ctx_tokens: int) -> float:
-        c = self._c
         tokens = prefill_tokens + decode_batch
         if tokens <= 0:
             return 0.0
-        flops = c["flops_per_token"] * tokens + c["attn_prefill"] * prefill_sq_tokens \
-            + c["attn_decode"] * decode_ctx_tokens
-        mem = c["weight_bytes"] + c["kv_per_token"] * (decode_ctx_tokens + prefill_tokens)
-        return max(flops / c["flops_rate"], mem / c["mem_rate"]) + c["ar_per_token"] * tokens \
-            + c["ar_fixed"] + self.overhead_s
+        # the constants of self._c as one tuple (read on every simulated iteration)
+        per_token, attn_prefill, attn_decode, flops_rate, weights, kv_per_token, mem_rate, ar_per_token, \
+            ar_fixed = self._step_constants
+        flops = per_token * tokens + attn_prefill * prefill_sq_tokens + attn_decode * decode_ctx_tokens
+        mem = weights + kv_per_token * (decode_ctx_tokens + prefill_tokens)
+        t = flops / flops_rate
+        m = mem / mem_rate
+        return (m if m > t else t) + ar_per_token * tokens + ar_fixed + self.overhead_s    # max(t, m), inlined
 
     def decode_times_s(self, decode_batch: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
         c = self._c
@@ -167,10 +172,9 @@ class RooflineLatency(LatencyModel):
             + c["ar_fixed"] + self.overhead_s
 
     def decode_affine(self, decode_batch: int) -> tuple[float, float, float, float, float]:
-        c = self._c
-        fr, mr = c["flops_rate"], c["mem_rate"]
-        return (c["flops_per_token"] * decode_batch / fr, c["attn_decode"] / fr, c["weight_bytes"] / mr,
-                c["kv_per_token"] / mr, c["ar_per_token"] * decode_batch + c["ar_fixed"] + self.overhead_s)
+        per_token, _, attn_decode, fr, weights, kv_per_token, mr, ar_per_token, ar_fixed = self._step_constants
+        return (per_token * decode_batch / fr, attn_decode / fr, weights / mr, kv_per_token / mr,
+                ar_per_token * decode_batch + ar_fixed + self.overhead_s)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "roofline", "gpu": self.gpu.key, "model": self.model.name, "tp": self.tp,
