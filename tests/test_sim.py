@@ -452,3 +452,71 @@ def test_build_cluster_is_the_one_builder():
         build_cluster(ClusterSpec([PoolSpec("colocated")]))
     with pytest.raises(ValueError, match="not both"):
         build_cluster(ClusterSpec(explicit.pools, "opt-13b", link="ib-hdr", link_bandwidth_bytes_per_s=1e9))
+
+
+# -- token times of closed-form plans, expanded at the end of a run (issue 22) ---------------------
+
+def test_deferred_plan_stamps_equal_each_plans_step_ends():
+    from array import array
+
+    from pdlab.sim.state import Batch, BatchPlan, expand_plan_stamps, plan_step_ends
+
+    rng = np.random.default_rng(7)
+    lat = roofline_latency("h100-sxm", "llama-3-70b", tp=4)
+    plans = []
+    for _ in range(300):
+        n, k = int(rng.integers(1, 64)), int(rng.integers(2, 600))
+        if rng.random() < 0.5:      # the roofline's lines
+            coef, ctx0 = lat.decode_affine(n), int(rng.integers(1, 3_000_000))
+        else:                       # lines that cross inside the plan (the second one from step m on)
+            coef, ctx0 = (0.02, 1e-9, 0.005, 1e-5, 0.001), int(rng.integers(1, 1000))
+        plan = BatchPlan(coef, ctx0, n, k, float(rng.choice([1.0, 1.3])))
+        plans.append(Batch([], [], float(rng.uniform(0, 1e4)), None, plan.elapsed(k), plan, k))
+    assert any(b.plan.m < b.n_steps for b in plans) and any(b.plan.m == b.n_steps for b in plans)
+    ends, offsets, steps = plan_step_ends(plans)
+    for i, b in enumerate(plans):
+        assert ends[offsets[i]:offsets[i] + steps[i]].tobytes() == b.step_ends().tobytes()
+    times, expected = [], []
+    for _ in range(60):     # one request's times: single stamps and plan markers -(i + 1), interleaved
+        got, want = array("d"), array("d")
+        for _ in range(int(rng.integers(0, 8))):
+            if rng.random() < 0.4:
+                t = float(rng.uniform(0, 1e4))
+                got.append(t)
+                want.append(t)
+            else:
+                i = int(rng.integers(len(plans)))
+                got.append(-(i + 1.0))
+                want.frombytes(plans[i].step_ends().tobytes())
+        times.append(got)
+        expected.append(want)
+    assert [a.tobytes() for a in expand_plan_stamps(times, plans)] == [a.tobytes() for a in expected]
+
+
+def test_token_times_with_negative_arrivals_match_the_reference():
+    """Plan markers are negative, so a run with times below zero records every step as it ends (the
+    first requests arrive before 0 s and wait for the first arrival after it)."""
+    import dataclasses
+
+    lat = roofline_latency("h100-sxm", "llama-3-8b")
+    cap = kv_capacity_tokens("h100-sxm", "llama-3-8b")
+    reqs = [dataclasses.replace(r, arrival_s=r.arrival_s - 2.0) for r in _mooncake(150, 8.0)]
+    specs = [InstanceSpec(lat, cap, scheduler="chunked", token_budget=1024) for _ in range(2)]
+    new = Simulator(specs).run(reqs)
+    assert min(r.arrival_s for r in new.records) < 0 and any(len(r.token_times_s) > 2 for r in new.records)
+    _assert_same_records(new, _reference_sim(specs).run(reqs))
+
+
+def test_run_restores_the_garbage_collector_state():
+    import gc
+
+    sim = Simulator([InstanceSpec(ConstantLatency(0.05, 0.01), 100_000)])
+    assert gc.isenabled()
+    sim.run(REQS[:20])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        sim.run(REQS[:20])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

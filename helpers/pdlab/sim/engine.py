@@ -7,7 +7,8 @@ iterations with a fixed batch is planned as one event and cut short when new wor
 instance. For latency models with an affine decode step (:meth:`LatencyModel.decode_affine`: the
 roofline, fitted and constant models) a plan is summed in closed form (each step's time is linear
 in the step index, so k steps are an arithmetic series) and the per-step end times are only built
-when token times are recorded; other models get numpy arrays of step times. Results equal a
+when token times are recorded, for all plans of a run in one vectorised pass at its end
+(:meth:`Simulator.token_stamp`); other models get numpy arrays of step times. Results equal a
 step-by-step simulation up to floating-point rounding (tested to 1e-9 relative).
 
 Hand-off physics (disaggregated clusters), each off or at the old behaviour by default:
@@ -39,8 +40,8 @@ Hand-off physics (disaggregated clusters), each off or at the old behaviour by d
 
 from __future__ import annotations
 
+import gc
 import heapq
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +50,17 @@ from pdlab.metrics import RequestRecord
 from pdlab.sim.dispatch import DispatchPolicy, make_dispatch
 from pdlab.sim.instance import Instance
 from pdlab.sim.spec import HANDOFF_RESERVATIONS, LINK_SHARING, ROLES, SCHEDULERS, InstanceSpec, KVLink
-from pdlab.sim.state import EV_DONE, EV_JOIN, EV_LINK, EV_STAGE, EV_XFER, SimRequest
+from pdlab.sim.state import (
+    EV_DONE,
+    EV_JOIN,
+    EV_LINK,
+    EV_STAGE,
+    EV_XFER,
+    TIME_STAMP,
+    Batch,
+    SimRequest,
+    expand_plan_stamps,
+)
 from pdlab.workloads import Request
 
 __all__ = ["InstanceSpec", "KVLink", "Instance", "Simulator", "SimResult", "ROLES", "SCHEDULERS",
@@ -114,6 +125,9 @@ class Simulator:
 
     record_token_times = True
     link: KVLink | None = None
+    #: Closed-form plans whose step ends are still to be expanded into token times (see
+    #: :meth:`token_stamp`); a list only while a run records token times.
+    plan_log: list[Batch] | None = None
     #: Subclasses that route between a colocated pool and a P/D pool set this (the event loop sends
     #: arrivals to colocated and prefill instances alike, and prefilled requests on to decode).
     mixed_roles: bool = False
@@ -141,6 +155,20 @@ class Simulator:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, a, b))
 
+    def token_stamp(self, b: Batch, now: float) -> bytes:
+        """What each decode of the completed batch ``b`` appends to its token times (the bytes of
+        doubles): ``now`` for one step, every step's end for a plan. A closed-form plan's ends are
+        deferred while the run keeps :attr:`plan_log`: the stamp is a marker -(i + 1) for the i-th
+        logged plan, and the run expands all markers at its end in one vectorised pass
+        (:func:`pdlab.sim.state.expand_plan_stamps`, the same values)."""
+        if b.n_steps == 1:
+            return TIME_STAMP.pack(now)
+        log = self.plan_log
+        if log is not None and b.plan is not None:
+            log.append(b)
+            return TIME_STAMP.pack(-float(len(log)))
+        return b.step_ends().tobytes()
+
     def on_request_finished(self, r: SimRequest, now: float) -> None:
         """Hook: ``r`` has ended at ``now``, finished (``r.finish`` set) or failed (``r.error``).
         Subclasses that override it call ``super().on_request_finished``."""
@@ -152,13 +180,13 @@ class Simulator:
         dst = self.decode[i]
         r.dec_inst = dst
         dst.queued_tokens += r.kv
-        self._pending_pulls[dst.name].append((src, r))
+        dst.pending_pulls.append((src, r))
         self.start_pulls(dst, now)
 
     def start_pulls(self, dst: Instance, now: float) -> None:
         """Decode instances pull KV (DistServe §4.3) when they have room, first come first served
         (see ``InstanceSpec.handoff_reservation``)."""
-        q = self._pending_pulls[dst.name]
+        q = dst.pending_pulls
         mode = dst.spec.handoff_reservation
         while q:
             src, r = q[0]
@@ -190,7 +218,8 @@ class Simulator:
             self.push(now, EV_XFER, src, r)
             return
         if link.sharing == "fifo":
-            start = max(now, self._link_free[src.name])
+            free = self._link_free[src.name]
+            start = free if free > now else now        # max(now, free)
             end = start + link.transfer_s(tokens, r.last_prefill_s)
             self._link_free[src.name] = end
             r.xfer_start, r.xfer_end = start, end
@@ -254,10 +283,42 @@ class Simulator:
         return out
 
     def run(self, requests: Sequence[Request], *, horizon_s: float | None = None) -> SimResult:
-        """Simulate ``requests`` (sorted or not); every request ends finished or with an error."""
+        """Simulate ``requests`` (sorted or not); every request ends finished or with an error.
+
+        Python's cyclic garbage collector is paused while the run works and restored after: the run
+        allocates some 10⁵ objects that live until it ends (requests, batches, events, records), and
+        every automatic collection would walk them all again. Reference counting still frees what
+        the run drops; the few cycles it makes are collected after it."""
         import time
 
         t0 = time.perf_counter()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            states, order = self._start(requests)
+            now = self._event_loop(order, float("inf") if horizon_s is None else horizon_s)
+            if self.plan_log:
+                for s, times in zip(states, expand_plan_stamps([s.times for s in states], self.plan_log), strict=True):
+                    s.times = times
+            self.plan_log = None
+            records = [self._record(s) for s in states]
+        finally:
+            if collecting:
+                gc.enable()
+        infos = []
+        for i in self.instances:
+            info = {"name": i.name, "role": i.role, "tp": int(getattr(i.latency, "tp", 1)),
+                    "pp": i.pp, "num_gpus": i.num_gpus, "kv_capacity_tokens": i.capacity,
+                    "iterations": i.iterations, "busy_s": i.busy_s, "preemptions": i.preemptions}
+            if i.prefix_cache is not None and type(i) is Instance:
+                info["prefix_hit_tokens"] = i.hit_tokens
+                info["prefix_hit_ratio"] = i.hit_tokens / i.prompt_tokens_seen if i.prompt_tokens_seen else 0.0
+            infos.append(info)
+        return SimResult(records, time.perf_counter() - t0, sum(i.num_gpus for i in self.instances), infos, now)
+
+    def _start(self, requests: Sequence[Request]) -> tuple[list[SimRequest], list[SimRequest]]:
+        """Fresh run state: instances, queues, links; the requests' states in request order and in
+        arrival order."""
         self._heap: list = []
         self._seq = 0
         self._done = 0
@@ -266,12 +327,17 @@ class Simulator:
         self.instances: list[Instance] = self._build_instances()
         self.front = [i for i in self.instances if i.role in ("colocated", "prefill")]
         self.decode = [i for i in self.instances if i.role == "decode"]
-        self._pending_pulls = {i.name: deque() for i in self.decode}
         self._link_free = {i.name: 0.0 for i in self.front}
         self._shared = {i.name: _SharedLink() for i in self.front}
         record = self.record_token_times
         states = [SimRequest(r, record) for r in requests]
         order = sorted(states, key=lambda s: (s.arrival, s.req.request_id))
+        # plan markers are negative: deferred only when every time stamp is >= 0 (arrivals are)
+        self.plan_log = [] if record and order and order[0].arrival >= 0 else None
+        return states, order
+
+    def _event_loop(self, order: list[SimRequest], horizon: float) -> float:
+        """Run the events up to ``horizon``; the time of the last one simulated."""
         # arrivals are read from the sorted list, merged with the event heap by time (an arrival
         # goes first on equal times, as it would with the smaller sequence number)
         heap = self._heap
@@ -281,7 +347,6 @@ class Simulator:
         n_arr = len(order)
         ai = 0
         now = 0.0
-        horizon = float("inf") if horizon_s is None else horizon_s
         while True:
             if ai < n_arr and (not heap or order[ai].arrival <= heap[0][0]):
                 a = order[ai]
@@ -308,17 +373,7 @@ class Simulator:
                 self._link_event(a, b, t)
             elif kind == EV_JOIN:
                 self._join_link(a, b[0], b[1], t)
-        records = [self._record(s) for s in states]
-        infos = []
-        for i in self.instances:
-            info = {"name": i.name, "role": i.role, "tp": int(getattr(i.latency, "tp", 1)),
-                    "pp": i.pp, "num_gpus": i.num_gpus, "kv_capacity_tokens": i.capacity,
-                    "iterations": i.iterations, "busy_s": i.busy_s, "preemptions": i.preemptions}
-            if i.prefix_cache is not None and type(i) is Instance:
-                info["prefix_hit_tokens"] = i.hit_tokens
-                info["prefix_hit_ratio"] = i.hit_tokens / i.prompt_tokens_seen if i.prompt_tokens_seen else 0.0
-            infos.append(info)
-        return SimResult(records, time.perf_counter() - t0, sum(i.num_gpus for i in self.instances), infos, now)
+        return now
 
     def _record(self, s: SimRequest) -> RequestRecord:
         ok = not s.error and s.finish is not None

@@ -42,7 +42,7 @@ import numpy as np
 from pdlab.sim import state as sim_state
 from pdlab.sim.latency import LatencyModel
 from pdlab.sim.spec import InstanceSpec
-from pdlab.sim.state import EV_DONE, EV_STAGE, Batch, BatchPlan, PrefixLRU, SimRequest
+from pdlab.sim.state import EV_DONE, EV_STAGE, TIME_STAMP, Batch, BatchPlan, PrefixLRU, SimRequest
 
 if TYPE_CHECKING:
     from pdlab.sim.engine import Simulator
@@ -67,6 +67,11 @@ def _has_affine(latency: Any) -> bool:
 class Instance:
     """One serving instance (TP × PP GPUs) in the simulation; built from an :class:`InstanceSpec`."""
 
+    __slots__ = ("_affine", "_decode_lines", "_plain_vllm", "admit_debt", "block_tokens", "busy_for_peers", "busy_s", "capacity",
+                 "cpu_peers", "hit_tokens", "inflight", "iterations", "kv_used", "latency", "name", "pending_pulls",
+                 "pp", "preemptions", "prefilling", "prefix_cache", "prompt_tokens_seen", "queued_tokens", "role",
+                 "running", "sim", "spec", "stage_free_at", "swapped", "waiting")
+
     def __init__(self, spec: InstanceSpec, name: str, sim: Simulator):
         self.spec = spec
         self.name = name
@@ -87,6 +92,7 @@ class Instance:
         self.busy_s = 0.0
         self.queued_tokens = 0
         self._affine = _has_affine(spec.latency)
+        self._decode_lines: dict[int, tuple[float, float, float, float, float]] = {}   # decode_affine by batch size
         self._plain_vllm = spec.scheduler == "vllm" or self.role == "prefill"
         self.prefix_cache: PrefixLRU | None = None
         self.block_tokens = spec.prefix_block_tokens
@@ -97,6 +103,9 @@ class Instance:
         self.cpu_peers: list[Instance] = []      # other instances of the same cpu_group (set by the simulator)
         self.busy_for_peers = False              # busy as seen by cpu_peers (read by their slowdown)
         self.admit_debt = 0.0                    # decode role: admit_overhead_s of requests admitted since the last step
+        # decode role: (prefill instance, request) whose KV waits to be pulled here, first come first
+        # served (queued and started by the simulator: Simulator.prefill_done, start_pulls)
+        self.pending_pulls: deque[tuple[Instance, SimRequest]] = deque()
 
     # -- state seen by dispatch policies ----------------------------------------------------------
     @property
@@ -131,9 +140,11 @@ class Instance:
             return
         if self.pp == 1:
             b = self.inflight[0]
-            if b.n_steps > 1 and b.end > now:
-                keep = b.steps_done_before(now) + 1
-                if keep < b.n_steps:
+            k = b.n_steps
+            if k > 1 and b.end > now:
+                plan = b.plan
+                keep = (plan.count_below(now - b.start, k) if plan is not None else b.steps_done_before(now)) + 1
+                if keep < k:
                     self._truncate(b, keep)
         elif self.stage_free_at <= now and len(self.inflight) < self.pp:
             self.try_schedule(now)
@@ -168,16 +179,18 @@ class Instance:
 
     # -- scheduling -------------------------------------------------------------------------------
     def try_schedule(self, now: float) -> None:
-        while len(self.inflight) < self.pp and self.stage_free_at <= now + 1e-12:
+        inflight = self.inflight
+        pp = self.pp
+        while len(inflight) < pp and self.stage_free_at <= now + 1e-12:
             b = self._form_batch(now)
             if b is None:
                 break
-            self.inflight.append(b)
+            inflight.append(b)
             self.iterations += b.n_steps
             self.busy_s += b.duration
-            if self.pp == 1:
-                self.stage_free_at = b.end
-                self.sim.push(b.end, EV_DONE, self, b)
+            if pp == 1:
+                self.stage_free_at = end = b.end
+                self.sim.push(end, EV_DONE, self, b)
             else:
                 self.stage_free_at = now + b.duration / self.pp
                 self.sim.push(b.end, EV_DONE, self, b)
@@ -217,14 +230,15 @@ class Instance:
                 continue
             if self.kv_used + target > self.capacity:
                 break
+            hash_ids = r.req.hash_ids
             cached = self.cached_prefix_tokens(r) if cache is not None else 0
             todo = target - cached
-            chunk = todo if plain else min(todo, budget)
+            chunk = budget if budget < todo and not plain else todo
             if items and chunk > budget:
                 break
             waiting.popleft()
-            if cache is not None and r.req.hash_ids:
-                cache.insert(r.req.hash_ids)
+            if cache is not None and hash_ids:
+                cache.insert(hash_ids)
                 self.hit_tokens += cached
                 self.prompt_tokens_seen += target
             self.queued_tokens -= target
@@ -303,18 +317,9 @@ class Instance:
             free_decodes.append(r)
 
     def _form_batch(self, now: float) -> Batch | None:
-        """The next iteration (or planned run of decode iterations), costed; None when idle."""
-        prefill, decodes = self._select_work(now)
-        if not prefill and not decodes:
-            return None
-        slow = self._slowdown() if self.cpu_peers else 1.0
-        if prefill:
-            return self._prefill_batch(now, prefill, decodes, slow)
-        return self._decode_batch(now, decodes, slow)
-
-    def _select_work(self, now: float) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]]:
-        """Batch formation by role and scheduler: the prefill chunks and the decodes of the next
-        iteration (admits, fails and preempts requests as needed)."""
+        """The next iteration (or planned run of decode iterations), costed; None when idle. Batch
+        formation by role and scheduler chooses its prefill chunks and decodes (admits, fails and
+        preempts requests as needed)."""
         spec = self.spec
         role = self.role
         free_decodes = [r for r in self.running if not r.busy] if self.pp > 1 else list(self.running)
@@ -331,9 +336,17 @@ class Instance:
             if not prefill and role == "colocated" and free_decodes:
                 decodes = self._ensure_decode_room(now, free_decodes)
         else:  # chunked, stall-free: decodes, ongoing prefills, new prefills
-            decodes = self._ensure_decode_room(now, free_decodes)
-            prefill = self._chunked_prefills(now, spec.token_budget - len(decodes))
-        return prefill, decodes
+            decodes = free_decodes
+            if self.kv_used + len(decodes) > self.capacity:     # (the room check's own condition)
+                decodes = self._ensure_decode_room(now, decodes)
+            if self.prefilling or self.waiting:
+                prefill = self._chunked_prefills(now, spec.token_budget - len(decodes))
+        if not prefill and not decodes:
+            return None
+        slow = self._slowdown() if self.cpu_peers else 1.0
+        if prefill:
+            return self._prefill_batch(now, prefill, decodes, slow)
+        return self._decode_batch(now, decodes, slow)
 
     def _chunked_prefills(self, now: float, budget: int) -> list[tuple[SimRequest, int]]:
         """Sarathi-Serve: chunks of the ongoing prefills, then new prompts, within ``budget`` tokens."""
@@ -343,13 +356,16 @@ class Instance:
                 break
             if r.busy:
                 continue
-            chunk = min(r.target - r.prefilled, budget)
+            chunk = r.target - r.prefilled
+            if budget < chunk:
+                chunk = budget
             prefill.append((r, chunk))
             budget -= chunk
-        if budget > 0:
+        if budget > 0 and self.waiting:
             new = self._admit_prefills(now, budget, self.spec.max_num_seqs - len(self.running) - len(self.prefilling))
-            self.prefilling.extend(r for r, _ in new)
-            prefill.extend(new)
+            if new:
+                self.prefilling.extend([r for r, _ in new])
+                prefill.extend(new)
         return prefill
 
     def _prefill_batch(self, now: float, prefill: list[tuple[SimRequest, int]], decodes: list[SimRequest],
@@ -384,7 +400,9 @@ class Instance:
                 if left < remaining:
                     remaining = left
             room = (self.capacity - self.kv_used) // n_dec
-            k = 1 if self.admit_debt else max(1, min(remaining, room))
+            k = room if room < remaining else remaining        # max(1, min(remaining, room)), no builtins
+            if k < 1 or self.admit_debt:
+                k = 1
         else:
             for r in decodes:
                 ctx += r.kv
@@ -398,7 +416,10 @@ class Instance:
             self.admit_debt = 0.0
             return Batch([], decodes, now, None, t)
         if self._affine:
-            plan = BatchPlan(self.latency.decode_affine(n_dec), ctx, n_dec, k, slow)
+            lines = self._decode_lines.get(n_dec)
+            if lines is None:
+                lines = self._decode_lines[n_dec] = self.latency.decode_affine(n_dec)
+            plan = BatchPlan(lines, ctx, n_dec, k, slow)
             return Batch([], decodes, now, None, plan.elapsed(k), plan, k)
         steps = self.latency.decode_times_s(n_dec, ctx + n_dec * np.arange(k))
         if slow != 1.0:
@@ -417,18 +438,17 @@ class Instance:
             inflight.remove(b)
         sim = self.sim
         k = b.n_steps
-        record = sim.record_token_times
-        times = b.step_ends() if record and k > 1 else None
-        for r in b.decodes:
+        decodes = b.decodes
+        stamp = None
+        if decodes and sim.record_token_times:
+            stamp = TIME_STAMP.pack(now) if k == 1 else sim.token_stamp(b, now)
+        for r in decodes:
             r.busy = False
             if r.finish is not None or r.error:
                 continue
             r.generated += k
-            if record:
-                if times is not None:
-                    r.times.frombytes(times.tobytes())
-                else:
-                    r.times.append(now)
+            if stamp is not None:
+                r.times.frombytes(stamp)
             if r.generated >= r.output:
                 self.release(r)
                 self.running.remove(r)
@@ -436,7 +456,7 @@ class Instance:
                 sim.on_request_finished(r, now)
         if b.prefill:
             self._complete_prefill(b, now)
-        if self.role == "decode":
+        if self.pending_pulls:
             sim.start_pulls(self, now)
         self.try_schedule(now)
         if self.cpu_peers and not self.inflight and self.busy_for_peers:
@@ -453,8 +473,9 @@ class Instance:
             r.last_prefill_s = b.duration
             if r.prefilled < r.target:
                 continue
-            if r in self.prefilling:
-                self.prefilling.remove(r)
+            prefilling = self.prefilling
+            if r in prefilling:
+                prefilling.remove(r)
             r.generated += 1            # a finished prefill produces the next token
             if r.first is None:
                 r.first = now
@@ -478,4 +499,5 @@ class Instance:
     def hand_over_kv(self, r: SimRequest, now: float) -> None:
         """The KV of ``r`` has left this (prefill) instance; ``r.kv`` now counts on the receiver."""
         self.kv_used -= r.kv
-        self.wake(now)
+        if self.waiting:        # the freed memory can only matter to prompts waiting for it
+            self.wake(now)

@@ -7,15 +7,18 @@ the request type that dispatch policies (:class:`pdlab.sim.dispatch.DispatchPoli
 A run of pure-decode steps with a fixed batch is one event: for latency models with an affine
 decode step (:meth:`pdlab.sim.latency.LatencyModel.decode_affine`) each step's time is linear in
 the step index, so k steps are an arithmetic series (:class:`BatchPlan`), and the per-step end times
-are built only when token times are recorded.
+are built only when token times are recorded: for all plans of a run at once, grouped by step count
+(:func:`plan_step_ends`), and spread into the requests' token times in one gather
+(:func:`expand_plan_stamps`), with the same arithmetic as :meth:`Batch.step_ends`.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from array import array
 from collections.abc import Sequence
-from itertools import islice
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
     from pdlab.sim.instance import Instance
 
 __all__ = ["MAX_PLAN_STEPS", "EV_ARRIVAL", "EV_DONE", "EV_STAGE", "EV_XFER", "EV_LINK", "EV_JOIN",
-           "SimRequest", "BatchPlan", "Batch", "PrefixLRU"]
+           "SimRequest", "BatchPlan", "Batch", "PrefixLRU", "TIME_STAMP", "plan_step_ends", "expand_plan_stamps"]
 
 #: Most decode steps planned as one event (a plan is cut short when new work arrives). Read from
 #: this module at every plan, so tests may lower it.
@@ -37,6 +40,9 @@ MAX_PLAN_STEPS = 512
 #: instance, request), a shared link's next finish (source instance, link version), a transfer
 #: joining a shared link after its setup time (source instance, (request, work seconds)).
 EV_ARRIVAL, EV_DONE, EV_STAGE, EV_XFER, EV_LINK, EV_JOIN = 0, 1, 2, 3, 4, 5
+
+#: One token time (seconds, a double) as the bytes a request's ``times`` array takes.
+TIME_STAMP = struct.Struct("d")
 
 
 class SimRequest:
@@ -75,6 +81,18 @@ def _series(a: float, b: float, j: Any) -> Any:
     return a * j + b * (j * (j - 1) * 0.5)
 
 
+def _first_estimate(a: float, b: float, c: float, t: float, k: int) -> int:
+    """Steps of a line a + b·i + c (i = 0, 1, …) done by ``t`` seconds, from the quadratic, in 0..k
+    (within a step or two of the exact count)."""
+    lin = a + c - 0.5 * b
+    if b > 0:
+        est = (-lin + math.sqrt(lin * lin + 2.0 * b * (0.0 if 0.0 > t else t))) / b
+    else:
+        est = t / lin if lin > 0 else 0.0
+    j = int(est)
+    return k if k < j else (0 if j < 0 else j)      # min(k, max(0, j)), no builtins
+
+
 class BatchPlan:
     """A run of pure-decode steps whose step i takes max(A1 + B1·i, A2 + B2·i) + c seconds.
 
@@ -99,28 +117,31 @@ class BatchPlan:
     def elapsed(self, j: int) -> float:
         """Seconds for the first ``j`` steps."""
         m = self.m
-        if j <= m:
-            return _series(self.pa, self.pb, j) + self.c * j
+        if j <= m:      # _series(pa, pb, j) + c·j, written out (called for every plan)
+            return self.pa * j + self.pb * (j * (j - 1) * 0.5) + self.c * j
         return _series(self.pa, self.pb, m) + (_series(self.qa, self.qb, j) - _series(self.qa, self.qb, m)) \
             + self.c * j
 
     def count_below(self, t: float, k: int) -> int:
         """How many of the first ``k`` steps end before ``t`` seconds (``elapsed(j) < t``)."""
+        pa, pb, c, m = self.pa, self.pb, self.c, self.m
+        if m >= k:      # one line: elapsed(j) written out (this runs whenever work reaches a planning instance)
+            if pa * k + pb * (k * (k - 1) * 0.5) + c * k < t:
+                return k
+            j = _first_estimate(pa, pb, c, t, k)
+            while j < k and pa * (j + 1) + pb * ((j + 1) * j * 0.5) + c * (j + 1) < t:
+                j += 1
+            while j > 0 and not pa * j + pb * (j * (j - 1) * 0.5) + c * j < t:
+                j -= 1
+            return j
         elapsed = self.elapsed
         if elapsed(k) < t:
             return k
         # solve the quadratic of the line in force, then step to the exact count (1-2 steps)
-        a, b, t_eff = self.pa, self.pb, t
-        m = self.m
-        if m < k and elapsed(m) < t:
-            a, b = self.qa, self.qb
-            t_eff = t - _series(self.pa, self.pb, m) + _series(self.qa, self.qb, m)
-        lin = a + self.c - 0.5 * b
-        if b > 0:
-            est = (-lin + math.sqrt(lin * lin + 2.0 * b * max(t_eff, 0.0))) / b
+        if elapsed(m) < t:
+            j = _first_estimate(self.qa, self.qb, c, t - _series(pa, pb, m) + _series(self.qa, self.qb, m), k)
         else:
-            est = t_eff / lin if lin > 0 else 0.0
-        j = min(k, max(0, int(est)))
+            j = _first_estimate(pa, pb, c, t, k)
         while j < k and elapsed(j + 1) < t:
             j += 1
         while j > 0 and not elapsed(j) < t:
@@ -183,6 +204,66 @@ class Batch:
         if self.ends is not None:
             return int(np.searchsorted(self.ends, t, side="left"))
         return self.plan.count_below(t - self.start, self.n_steps)
+
+
+def plan_step_ends(plans: Sequence[Batch]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every step end of closed-form plans (``Batch.plan`` set), vectorised over the plans with the
+    same step count: the absolute end times of all steps (one array, each plan's steps together),
+    where each plan's steps start in it, and each plan's step count. Element by element the
+    operations of :meth:`Batch.step_ends` (``start`` + :meth:`BatchPlan.elapsed_all`) in the same
+    order, so the values are the same to the bit."""
+    rows = np.fromiter(chain.from_iterable((b.start, p.pa, p.pb, p.qa, p.qb, p.c, p.m, b.n_steps)
+                                           for b in plans for p in (b.plan,)), float, 8 * len(plans)).reshape(-1, 8)
+    k = rows[:, 7].astype(np.intp)
+    order = np.argsort(k, kind="stable")                        # plans grouped by step count
+    k_sorted = k[order]
+    offsets = np.empty(len(k), dtype=np.intp)
+    offsets[order] = np.cumsum(k_sorted) - k_sorted
+    start, pa, pb, qa, qb, c, m = np.split(rows[order, :7], 7, axis=1)
+    two_lines = bool((m[:, 0] < k_sorted).any())
+    ends = np.empty(int(k_sorted.sum()))
+    bounds = [*np.flatnonzero(np.diff(k_sorted, prepend=-1)).tolist(), len(k)]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        steps = int(k_sorted[lo])
+        j, jj = _steps(steps)
+        g = slice(lo, hi)
+        e = pa[g] * j + pb[g] * jj + c[g] * j
+        if two_lines:
+            e = np.where(j <= m[g], e, _series(pa[g], pb[g], m[g]) + (qa[g] * j + qb[g] * jj - _series(qa[g], qb[g], m[g]))
+                         + c[g] * j)
+        base = int(offsets[order[lo]])
+        np.add(start[g], e, out=ends[base:base + (hi - lo) * steps].reshape(hi - lo, steps))
+    return ends, offsets, k
+
+
+def expand_plan_stamps(times: Sequence[array], plans: Sequence[Batch]) -> list[array]:
+    """Token times (one ``array('d')`` a request) in which a negative entry ``-(i + 1)`` stands for
+    every step end of ``plans[i]``, with those entries expanded in place; entries >= 0 are kept as
+    they are. One vectorised gather for all requests: each entry is a run of consecutive values of
+    ``pool`` (the entries themselves, then the plans' step ends), so the gather index is a cumulative
+    sum of ones with a jump where a run starts."""
+    flat = np.frombuffer(b"".join(times), dtype=float)
+    marks = np.flatnonzero(flat < 0)
+    ends, offsets, k = plan_step_ends(plans)
+    pid = (-flat[marks]).astype(np.intp) - 1
+    counts = np.ones(flat.size, dtype=np.intp)
+    counts[marks] = k[pid]
+    src = np.arange(flat.size)                                  # where each entry's run starts in pool
+    src[marks] = flat.size + offsets[pid]
+    out_end = np.cumsum(counts)
+    pool = np.concatenate([flat, ends])
+    index = np.ones(int(out_end[-1]), dtype=np.int32 if pool.size < 2**31 else np.intp)
+    index[0] = src[0]
+    index[out_end[:-1]] = src[1:] - src[:-1] - counts[:-1] + 1
+    out = pool[np.cumsum(index, out=index)]
+    bounds = (np.concatenate([[0], out_end])[np.cumsum([0, *map(len, times)])] * out.itemsize).tolist()
+    raw = memoryview(out).cast("B")
+    result = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        arr = array("d")
+        arr.frombytes(raw[lo:hi])
+        result.append(arr)
+    return result
 
 
 class PrefixLRU:
