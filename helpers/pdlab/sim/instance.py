@@ -322,31 +322,30 @@ class Instance:
         preempts requests as needed)."""
         spec = self.spec
         role = self.role
-        free_decodes = [r for r in self.running if not r.busy] if self.pp > 1 else list(self.running)
-        prefill: list[tuple[SimRequest, int]] = []
-        decodes: list[SimRequest] = []
+        decodes = [r for r in self.running if not r.busy] if self.pp > 1 else list(self.running)
+        slow = self._slowdown() if self.cpu_peers else 1.0
         if role == "decode":
             if self.swapped or self.waiting:
-                self._admit_decodes(free_decodes)
-            decodes = self._ensure_decode_room(now, free_decodes) if free_decodes else free_decodes
-        elif role == "prefill" or spec.scheduler == "vllm":
-            max_new = spec.max_num_seqs - len(self.running) if role == "colocated" else spec.max_num_seqs
+                self._admit_decodes(decodes)
+        elif role == "prefill" or spec.scheduler == "vllm":     # prefill has priority; decodes stall
             if self.waiting:
+                max_new = spec.max_num_seqs - len(self.running) if role == "colocated" else spec.max_num_seqs
                 prefill = self._admit_prefills(now, spec.max_batched_tokens, max_new)
-            if not prefill and role == "colocated" and free_decodes:
-                decodes = self._ensure_decode_room(now, free_decodes)
+                if prefill:
+                    return self._prefill_batch(now, prefill, [], slow)
+            if role == "prefill":
+                return None
         else:  # chunked, stall-free: decodes, ongoing prefills, new prefills
-            decodes = free_decodes
             if self.kv_used + len(decodes) > self.capacity:     # (the room check's own condition)
                 decodes = self._ensure_decode_room(now, decodes)
             if self.prefilling or self.waiting:
                 prefill = self._chunked_prefills(now, spec.token_budget - len(decodes))
-        if not prefill and not decodes:
-            return None
-        slow = self._slowdown() if self.cpu_peers else 1.0
-        if prefill:
-            return self._prefill_batch(now, prefill, decodes, slow)
-        return self._decode_batch(now, decodes, slow)
+                if prefill:
+                    return self._prefill_batch(now, prefill, decodes, slow)
+            return self._decode_batch(now, decodes, slow) if decodes else None
+        if decodes and self.kv_used + len(decodes) > self.capacity:     # (the room check's own condition)
+            decodes = self._ensure_decode_room(now, decodes)
+        return self._decode_batch(now, decodes, slow) if decodes else None
 
     def _chunked_prefills(self, now: float, budget: int) -> list[tuple[SimRequest, int]]:
         """Sarathi-Serve: chunks of the ongoing prefills, then new prompts, within ``budget`` tokens."""
@@ -446,10 +445,10 @@ class Instance:
             r.busy = False
             if r.finish is not None or r.error:
                 continue
-            r.generated += k
+            r.generated = generated = r.generated + k
             if stamp is not None:
                 r.times.frombytes(stamp)
-            if r.generated >= r.output:
+            if generated >= r.output:
                 self.release(r)
                 self.running.remove(r)
                 r.finish = now
