@@ -208,9 +208,14 @@ class Instance:
     def cached_prefix_tokens(self, r: SimRequest) -> int:
         """Tokens of ``r``'s prompt found in this instance's prefix cache (no side effects)."""
         cache = self.prefix_cache
-        if cache is None or not r.req.hash_ids:
+        hash_ids = r.req.hash_ids
+        if cache is None or not hash_ids:
             return 0
-        return max(0, min(cache.match(r.req.hash_ids) * self.block_tokens, r.target - 1))
+        tokens = cache.match(hash_ids) * self.block_tokens
+        most = r.target - 1                     # max(0, min(tokens, most)), no builtins
+        if most < tokens:
+            tokens = most
+        return tokens if tokens > 0 else 0
 
     def _admit_prefills(self, now: float, budget: int, max_new: int) -> list[tuple[SimRequest, int]]:
         """FCFS admission from ``waiting``: KV for the whole prefill target must fit. With prefix
