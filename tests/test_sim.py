@@ -474,28 +474,36 @@ def test_deferred_plan_stamps_equal_each_plans_step_ends():
         plans.append(Batch([], [], float(rng.uniform(0, 1e4)), None, plan.elapsed(k), plan, k))
     assert any(b.plan.m < b.n_steps for b in plans) and any(b.plan.m == b.n_steps for b in plans)
     ends, offsets, steps = plan_step_ends(plans)
+    expected_ends = [b.step_ends().copy() for b in plans]
     for i, b in enumerate(plans):
-        assert ends[offsets[i]:offsets[i] + steps[i]].tobytes() == b.step_ends().tobytes()
+        assert ends[offsets[i]:offsets[i] + steps[i]].tobytes() == expected_ends[i].tobytes()
+        b.ends = None
+    for _ in range(20):             # plans of a model without a closed form carry their own ends
+        start = float(rng.uniform(0, 1e4))
+        own = start + np.cumsum(rng.uniform(0.01, 0.05, int(rng.integers(2, 50))))
+        plans.append(Batch([], [], start, own, float(own[-1] - start)))
+        expected_ends.append(own)
+    base = -3.0                     # markers base - i stand for plan i; time stamps are above base
     times, expected = [], []
-    for _ in range(60):     # one request's times: single stamps and plan markers -(i + 1), interleaved
-        got, want = array("d"), array("d")
+    for _ in range(80):     # one request's times: time stamps and plan markers, interleaved
+        got, want = [], array("d")
         for _ in range(int(rng.integers(0, 8))):
             if rng.random() < 0.4:
-                t = float(rng.uniform(0, 1e4))
+                t = float(rng.uniform(-2, 1e4))
                 got.append(t)
                 want.append(t)
             else:
                 i = int(rng.integers(len(plans)))
-                got.append(-(i + 1.0))
-                want.frombytes(plans[i].step_ends().tobytes())
+                got.append(base - i)
+                want.frombytes(expected_ends[i].tobytes())
         times.append(got)
         expected.append(want)
-    assert [a.tobytes() for a in expand_plan_stamps(times, plans)] == [a.tobytes() for a in expected]
+    assert [a.tobytes() for a in expand_plan_stamps(times, plans, base)] == [a.tobytes() for a in expected]
 
 
 def test_token_times_with_negative_arrivals_match_the_reference():
-    """Plan markers are negative, so a run with times below zero records every step as it ends (the
-    first requests arrive before 0 s and wait for the first arrival after it)."""
+    """Plan markers go below the first arrival, so runs with times below zero are recorded alike
+    (the first requests arrive before 0 s and wait for the first arrival after it)."""
     import dataclasses
 
     lat = roofline_latency("h100-sxm", "llama-3-8b")
@@ -505,6 +513,29 @@ def test_token_times_with_negative_arrivals_match_the_reference():
     new = Simulator(specs).run(reqs)
     assert min(r.arrival_s for r in new.records) < 0 and any(len(r.token_times_s) > 2 for r in new.records)
     _assert_same_records(new, _reference_sim(specs).run(reqs))
+
+
+def test_models_without_a_closed_form_match_the_reference():
+    """A model that overrides only step_time_s plans with numpy step times; those plans' token times
+    go through the same end-of-run expansion as closed-form ones."""
+    from pdlab.models import get_model, kv_bytes_per_token
+    from pdlab.sim import KVLink
+    from pdlab.sim.latency import RooflineLatency
+
+    class NoClosedForm(RooflineLatency):
+        def step_time_s(self, *args):
+            return super().step_time_s(*args)
+
+    base = roofline_latency("h100-sxm", "llama-3-8b")
+    lat, cap = NoClosedForm(base.gpu, base.model), kv_capacity_tokens("h100-sxm", "llama-3-8b")
+    reqs = _mooncake(200, 8.0)
+    link = KVLink(kv_bytes_per_token(get_model("llama-3-8b")), 25e9, 32)
+    for specs, kw in (([InstanceSpec(lat, cap, scheduler="chunked", token_budget=1024) for _ in range(2)], {}),
+                      ([InstanceSpec(lat, cap, role="prefill"), InstanceSpec(lat, cap, role="decode")],
+                       dict(dispatch="shortest_queue", link=link))):
+        new = Simulator(specs, **kw).run(reqs)
+        assert any(len(r.token_times_s) > 2 for r in new.records)
+        _assert_same_records(new, _reference_sim(specs, **kw).run(reqs))
 
 
 def test_run_restores_the_garbage_collector_state():

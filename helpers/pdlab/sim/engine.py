@@ -8,7 +8,7 @@ instance. For latency models with an affine decode step (:meth:`LatencyModel.dec
 roofline, fitted and constant models) a plan is summed in closed form (each step's time is linear
 in the step index, so k steps are an arithmetic series) and the per-step end times are only built
 when token times are recorded, for all plans of a run in one vectorised pass at its end
-(:meth:`Simulator.token_stamp`); other models get numpy arrays of step times. Results equal a
+(:meth:`Simulator.token_mark`); other models get numpy arrays of step times. Results equal a
 step-by-step simulation up to floating-point rounding (tested to 1e-9 relative).
 
 Hand-off physics (disaggregated clusters), each off or at the old behaviour by default:
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +57,6 @@ from pdlab.sim.state import (
     EV_LINK,
     EV_STAGE,
     EV_XFER,
-    TIME_STAMP,
     Batch,
     SimRequest,
     expand_plan_stamps,
@@ -125,9 +125,11 @@ class Simulator:
 
     record_token_times = True
     link: KVLink | None = None
-    #: Closed-form plans whose step ends are still to be expanded into token times (see
-    #: :meth:`token_stamp`); a list only while a run records token times.
+    #: Plans whose step ends are still to be expanded into token times (see :meth:`token_mark`); a
+    #: list only while a run records token times.
     plan_log: list[Batch] | None = None
+    #: Plan markers are ``mark_base - i``: below every time stamp of the run (set when it starts).
+    mark_base = -1.0
     #: Subclasses that route between a colocated pool and a P/D pool set this (the event loop sends
     #: arrivals to colocated and prefill instances alike, and prefilled requests on to decode).
     mixed_roles: bool = False
@@ -155,19 +157,14 @@ class Simulator:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, a, b))
 
-    def token_stamp(self, b: Batch, now: float) -> bytes:
-        """What each decode of the completed batch ``b`` appends to its token times (the bytes of
-        doubles): ``now`` for one step, every step's end for a plan. A closed-form plan's ends are
-        deferred while the run keeps :attr:`plan_log`: the stamp is a marker -(i + 1) for the i-th
-        logged plan, and the run expands all markers at its end in one vectorised pass
-        (:func:`pdlab.sim.state.expand_plan_stamps`, the same values)."""
-        if b.n_steps == 1:
-            return TIME_STAMP.pack(now)
+    def token_mark(self, b: Batch) -> float:
+        """What each decode of the completed multi-step batch ``b`` appends to its token times: a
+        marker ``mark_base - i`` for ``b``, the i-th logged plan. The run expands every marker into
+        the plan's step ends at its end, all plans in one vectorised pass
+        (:func:`pdlab.sim.state.expand_plan_stamps`: the values of :meth:`Batch.step_ends`)."""
         log = self.plan_log
-        if log is not None and b.plan is not None:
-            log.append(b)
-            return TIME_STAMP.pack(-float(len(log)))
-        return b.step_ends().tobytes()
+        log.append(b)
+        return self.mark_base - (len(log) - 1)
 
     def on_request_finished(self, r: SimRequest, now: float) -> None:
         """Hook: ``r`` has ended at ``now``, finished (``r.finish`` set) or failed (``r.error``).
@@ -297,9 +294,10 @@ class Simulator:
         try:
             states, order = self._start(requests)
             now = self._event_loop(order, float("inf") if horizon_s is None else horizon_s)
-            if self.plan_log:
-                for s, times in zip(states, expand_plan_stamps([s.times for s in states], self.plan_log), strict=True):
-                    s.times = times
+            if self.plan_log is not None:
+                times = expand_plan_stamps([s.times for s in states], self.plan_log, self.mark_base)
+                for s, t in zip(states, times, strict=True):
+                    s.times = t
             self.plan_log = None
             records = [self._record(s) for s in states]
         finally:
@@ -332,8 +330,9 @@ class Simulator:
         record = self.record_token_times
         states = [SimRequest(r, record) for r in requests]
         order = sorted(states, key=lambda s: (s.arrival, s.req.request_id))
-        # plan markers are negative: deferred only when every time stamp is >= 0 (arrivals are)
-        self.plan_log = [] if record and order and order[0].arrival >= 0 else None
+        # every time stamp is at or after the first arrival: plan markers go below it
+        self.plan_log = [] if record else None
+        self.mark_base = min(0.0, math.floor(order[0].arrival)) - 1.0 if order else -1.0
         return states, order
 
     def _event_loop(self, order: list[SimRequest], horizon: float) -> float:

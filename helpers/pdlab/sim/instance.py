@@ -42,7 +42,7 @@ import numpy as np
 from pdlab.sim import state as sim_state
 from pdlab.sim.latency import LatencyModel
 from pdlab.sim.spec import InstanceSpec
-from pdlab.sim.state import EV_DONE, EV_STAGE, TIME_STAMP, Batch, BatchPlan, PrefixLRU, SimRequest
+from pdlab.sim.state import EV_DONE, EV_STAGE, Batch, BatchPlan, PrefixLRU, SimRequest
 
 if TYPE_CHECKING:
     from pdlab.sim.engine import Simulator
@@ -443,16 +443,16 @@ class Instance:
         sim = self.sim
         k = b.n_steps
         decodes = b.decodes
-        stamp = None
+        mark = None         # the token time(s) of this batch: now, or the marker of a multi-step plan
         if decodes and sim.record_token_times:
-            stamp = TIME_STAMP.pack(now) if k == 1 else sim.token_stamp(b, now)
+            mark = now if k == 1 else sim.token_mark(b)
         for r in decodes:
             r.busy = False
             if r.finish is not None or r.error:
                 continue
             r.generated = generated = r.generated + k
-            if stamp is not None:
-                r.times.frombytes(stamp)
+            if mark is not None:
+                r.times.append(mark)
             if generated >= r.output:
                 self.release(r)
                 self.running.remove(r)

@@ -15,7 +15,6 @@ are built only when token times are recorded: for all plans of a run at once, gr
 from __future__ import annotations
 
 import math
-import struct
 from array import array
 from collections.abc import Sequence
 from itertools import chain, islice
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
     from pdlab.sim.instance import Instance
 
 __all__ = ["MAX_PLAN_STEPS", "EV_ARRIVAL", "EV_DONE", "EV_STAGE", "EV_XFER", "EV_LINK", "EV_JOIN",
-           "SimRequest", "BatchPlan", "Batch", "PrefixLRU", "TIME_STAMP", "plan_step_ends", "expand_plan_stamps"]
+           "SimRequest", "BatchPlan", "Batch", "PrefixLRU", "plan_step_ends", "expand_plan_stamps"]
 
 #: Most decode steps planned as one event (a plan is cut short when new work arrives). Read from
 #: this module at every plan, so tests may lower it.
@@ -40,9 +39,6 @@ MAX_PLAN_STEPS = 512
 #: instance, request), a shared link's next finish (source instance, link version), a transfer
 #: joining a shared link after its setup time (source instance, (request, work seconds)).
 EV_ARRIVAL, EV_DONE, EV_STAGE, EV_XFER, EV_LINK, EV_JOIN = 0, 1, 2, 3, 4, 5
-
-#: One token time (seconds, a double) as the bytes a request's ``times`` array takes.
-TIME_STAMP = struct.Struct("d")
 
 
 class SimRequest:
@@ -63,7 +59,9 @@ class SimRequest:
         self.kv = 0
         self.first: float | None = None
         self.finish: float | None = None
-        self.times = array("d") if record_times else None
+        # token times while the run lasts: time stamps and plan markers (Simulator.token_mark), made
+        # an array('d') of times when it ends
+        self.times: list[float] | array | None = [] if record_times else None
         self.preemptions = 0
         self.error = ""
         self.busy = False
@@ -236,27 +234,39 @@ def plan_step_ends(plans: Sequence[Batch]) -> tuple[np.ndarray, np.ndarray, np.n
     return ends, offsets, k
 
 
-def expand_plan_stamps(times: Sequence[array], plans: Sequence[Batch]) -> list[array]:
-    """Token times (one ``array('d')`` a request) in which a negative entry ``-(i + 1)`` stands for
-    every step end of ``plans[i]``, with those entries expanded in place; entries >= 0 are kept as
-    they are. One vectorised gather for all requests: each entry is a run of consecutive values of
-    ``pool`` (the entries themselves, then the plans' step ends), so the gather index is a cumulative
-    sum of ones with a jump where a run starts."""
-    flat = np.frombuffer(b"".join(times), dtype=float)
-    marks = np.flatnonzero(flat < 0)
-    ends, offsets, k = plan_step_ends(plans)
-    pid = (-flat[marks]).astype(np.intp) - 1
+def expand_plan_stamps(times: Sequence[Sequence[float]], plans: Sequence[Batch], base: float = -1.0) -> list[array]:
+    """Each request's token times as an ``array('d')``, from its entries in ``times``: time stamps,
+    and markers ``base - i`` (``base`` is below every time stamp of the run) that stand for every
+    step end of ``plans[i]`` (:meth:`Batch.step_ends`: a plan's own ``ends``, or the closed form of
+    :func:`plan_step_ends`). One vectorised gather for all requests: each entry is a run of
+    consecutive values of ``pool`` (the entries themselves, then the plans' step ends), so the
+    gather index is a cumulative sum of ones with a jump where a run starts."""
+    lens = [len(t) for t in times]
+    flat = np.fromiter(chain.from_iterable(times), float, sum(lens))
+    marks = np.flatnonzero(flat <= base)
+    closed = [b for b in plans if b.ends is None]
+    ends, offsets, k = plan_step_ends(closed)
+    if len(closed) < len(plans):                # plans with numpy step times keep their own ends
+        is_closed = np.fromiter((b.ends is None for b in plans), bool, len(plans))
+        own = [b.ends for b in plans if b.ends is not None]
+        own_k = np.fromiter(map(len, own), np.intp, len(own))
+        all_offsets, all_k = np.empty(len(plans), np.intp), np.empty(len(plans), np.intp)
+        all_offsets[is_closed], all_k[is_closed] = offsets, k
+        all_offsets[~is_closed], all_k[~is_closed] = ends.size + np.cumsum(own_k) - own_k, own_k
+        ends, offsets, k = np.concatenate([ends, *own]), all_offsets, all_k
+    pid = (base - flat[marks]).astype(np.intp)
     counts = np.ones(flat.size, dtype=np.intp)
     counts[marks] = k[pid]
     src = np.arange(flat.size)                                  # where each entry's run starts in pool
     src[marks] = flat.size + offsets[pid]
     out_end = np.cumsum(counts)
     pool = np.concatenate([flat, ends])
-    index = np.ones(int(out_end[-1]), dtype=np.int32 if pool.size < 2**31 else np.intp)
-    index[0] = src[0]
-    index[out_end[:-1]] = src[1:] - src[:-1] - counts[:-1] + 1
+    index = np.ones(int(out_end[-1]) if out_end.size else 0, dtype=np.int32 if pool.size < 2**31 else np.intp)
+    if index.size:
+        index[0] = src[0]
+        index[out_end[:-1]] = src[1:] - src[:-1] - counts[:-1] + 1
     out = pool[np.cumsum(index, out=index)]
-    bounds = (np.concatenate([[0], out_end])[np.cumsum([0, *map(len, times)])] * out.itemsize).tolist()
+    bounds = (np.concatenate([[0], out_end])[np.cumsum([0, *lens])] * out.itemsize).tolist()
     raw = memoryview(out).cast("B")
     result = []
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
