@@ -151,11 +151,13 @@ class Simulator:
         self.record_token_times = record_token_times
 
     # -- the interface instances use ------------------------------------------------------------------
-    def push(self, t: float, kind: int, a: Any, b: Any) -> None:
+    def push(self, t: float, kind: int, a: Any, b: Any) -> int:
         """Schedule an event of ``kind`` (:data:`pdlab.sim.state.EV_DONE` …) at ``t`` with payload
-        ``(a, b)``; equal times keep push order."""
-        self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, kind, a, b))
+        ``(a, b)``; equal times keep push order. Returns the event's sequence number (an
+        ``EV_DONE`` event runs only while it is its batch's ``seq``)."""
+        self._seq = seq = self._seq + 1
+        heapq.heappush(self._heap, (t, seq, kind, a, b))
+        return seq
 
     def token_mark(self, b: Batch) -> float:
         """What each decode of the completed multi-step batch ``b`` appends to its token times: a
@@ -358,12 +360,13 @@ class Simulator:
                 continue
             if not heap:
                 break
-            t, _, kind, a, b = pop(heap)
+            t, seq, kind, a, b = pop(heap)
             if t > horizon:
                 break
             now = t
             if kind == EV_DONE:
-                a.complete(b, t)
+                if seq == b.seq:        # else the batch was cut short: a later event completes it
+                    a.complete(b, t)
             elif kind == EV_XFER:
                 self._kv_arrived(a, b, t)
             elif kind == EV_STAGE:

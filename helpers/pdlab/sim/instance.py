@@ -150,20 +150,25 @@ class Instance:
             self.try_schedule(now)
 
     def _truncate(self, b: Batch, keep: int) -> None:
+        """Cut the running plan ``b`` to its first ``keep`` steps, in place, with a new completion
+        event (the old one is passed over)."""
         drop = b.n_steps - keep
         self.kv_used -= drop * len(b.decodes)
         for r in b.decodes:
             r.kv -= drop
-        b.valid = False
         self.iterations -= drop
+        duration = b.duration
         if b.plan is not None:
-            nb = Batch(b.prefill, b.decodes, b.start, None, b.plan.elapsed(keep), b.plan, keep)
+            b.duration = b.plan.elapsed(keep)
+            b.end = end = b.start + b.duration
         else:
-            nb = Batch(b.prefill, b.decodes, b.start, b.ends[:keep], float(b.ends[keep - 1] - b.start))
-        self.busy_s -= b.duration - nb.duration
-        self.inflight[0] = nb
-        self.stage_free_at = nb.end
-        self.sim.push(nb.end, EV_DONE, self, nb)
+            b.ends = ends = b.ends[:keep]
+            b.duration = float(ends[keep - 1] - b.start)
+            b.end = end = float(ends[-1])
+        b.n_steps = keep
+        self.busy_s -= duration - b.duration
+        self.stage_free_at = end
+        b.seq = self.sim.push(end, EV_DONE, self, b)
 
     # -- CPU sharing --------------------------------------------------------------------------------
     def _slowdown(self) -> float:
@@ -190,10 +195,10 @@ class Instance:
             self.busy_s += b.duration
             if pp == 1:
                 self.stage_free_at = end = b.end
-                self.sim.push(end, EV_DONE, self, b)
+                b.seq = self.sim.push(end, EV_DONE, self, b)
             else:
                 self.stage_free_at = now + b.duration / self.pp
-                self.sim.push(b.end, EV_DONE, self, b)
+                b.seq = self.sim.push(b.end, EV_DONE, self, b)
                 self.sim.push(self.stage_free_at, EV_STAGE, self, None)
                 break
         if self.cpu_peers and self.inflight and not self.busy_for_peers:
@@ -433,8 +438,7 @@ class Instance:
 
     # -- completion -------------------------------------------------------------------------------
     def complete(self, b: Batch, now: float) -> None:
-        if not b.valid:
-            return
+        """The batch ``b`` ends at ``now`` (its pending event, see :attr:`Batch.seq`)."""
         inflight = self.inflight
         if inflight[0] is b:
             del inflight[0]

@@ -174,10 +174,11 @@ def _steps(k: int) -> tuple[np.ndarray, np.ndarray]:
 class Batch:
     """One iteration (prefill chunks and/or one decode step) or a planned run of ``n_steps``
     pure-decode iterations with a fixed batch, from ``start`` to ``end`` (vLLM's
-    ``SchedulerOutput``, plus its cost). ``valid`` turns False when a plan is cut short (the
-    instance then holds a shorter copy)."""
+    ``SchedulerOutput``, plus its cost). ``seq`` is the sequence number of its pending completion
+    event (:meth:`pdlab.sim.engine.Simulator.push`): a plan cut short is shortened in place and
+    gets a new event, and the event loop passes over the old one."""
 
-    __slots__ = ("prefill", "decodes", "ends", "start", "valid", "n_steps", "duration", "plan", "end")
+    __slots__ = ("prefill", "decodes", "ends", "start", "seq", "n_steps", "duration", "plan", "end")
 
     def __init__(self, prefill: list[tuple[SimRequest, int]], decodes: list[SimRequest], start: float,
                  ends: np.ndarray | None, duration: float, plan: BatchPlan | None = None, n_steps: int = 1):
@@ -189,7 +190,7 @@ class Batch:
         self.n_steps = len(ends) if ends is not None else n_steps
         self.duration = duration
         self.end = float(ends[-1]) if ends is not None else start + duration
-        self.valid = True
+        self.seq = 0
 
     def step_ends(self) -> np.ndarray:
         """Absolute end time of every step of a multi-step plan."""
