@@ -153,9 +153,7 @@ class Instance:
         """Cut the running plan ``b`` to its first ``keep`` steps, in place, with a new completion
         event (the old one is passed over)."""
         drop = b.n_steps - keep
-        self.kv_used -= drop * len(b.decodes)
-        for r in b.decodes:
-            r.kv -= drop
+        self.kv_used -= drop * len(b.decodes)          # (a decode's own r.kv grows when the batch ends)
         self.iterations -= drop
         duration = b.duration
         if b.plan is not None:
@@ -390,8 +388,9 @@ class Instance:
         ctx = 0
         for r in decodes:
             ctx += r.kv
-            r.kv += 1
-            r.busy = True
+        if self.pp > 1:     # the decodes sit out the next micro-batch (one stage forms none while one runs)
+            for r in decodes:
+                r.busy = True
         self.kv_used += n_dec
         t = self.latency.step_time_s(p_tokens, float(p_sq), n_dec, ctx)
         return Batch(prefill, decodes, now, None, t * slow if slow != 1.0 else t)
@@ -412,13 +411,11 @@ class Instance:
             k = room if room < remaining else remaining        # max(1, min(remaining, room)), no builtins
             if k < 1 or self.admit_debt:
                 k = 1
-        else:
+        else:               # pipeline stages: one step; the decodes sit out the next micro-batch
             for r in decodes:
                 ctx += r.kv
-        for r in decodes:
-            r.kv += k
-            r.busy = True
-        self.kv_used += k * n_dec
+                r.busy = True
+        self.kv_used += k * n_dec       # reserved now; each decode's r.kv grows when the batch ends
         if k == 1:
             t = self.latency.step_time_s(0, 0.0, n_dec, ctx)
             t = (t * slow if slow != 1.0 else t) + self.admit_debt
@@ -450,10 +447,13 @@ class Instance:
         mark = None         # the token time(s) of this batch: now, or the marker of a multi-step plan
         if decodes and sim.record_token_times:
             mark = now if k == 1 else sim.token_mark(b)
+        if self.pp > 1:
+            for r in decodes:
+                r.busy = False
         for r in decodes:
-            r.busy = False
             if r.finish is not None or r.error:
                 continue
+            r.kv += k                   # the KV its k tokens took (reserved in kv_used when the batch formed)
             r.generated = generated = r.generated + k
             if mark is not None:
                 r.times.append(mark)

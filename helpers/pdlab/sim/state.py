@@ -56,7 +56,7 @@ class SimRequest:
         self.target = req.prompt_tokens      # tokens to prefill (prompt, or prompt + generated after recompute)
         self.prefilled = 0
         self.generated = 0
-        self.kv = 0
+        self.kv = 0                          # KV tokens held (a decode's grow when its batch ends; kv_used reserves them)
         self.first: float | None = None
         self.finish: float | None = None
         # token times while the run lasts: time stamps and plan markers (Simulator.token_mark), made
@@ -64,7 +64,7 @@ class SimRequest:
         self.times: list[float] | array | None = [] if record_times else None
         self.preemptions = 0
         self.error = ""
-        self.busy = False
+        self.busy = False                    # in a batch in flight (read for prompts in chunks, and decodes with pp > 1)
         self.inst = ""
         self.prefill_inst = ""
         self.dec_inst: Instance | None = None
