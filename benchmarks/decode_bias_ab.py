@@ -6,7 +6,7 @@ workload runs at one rate in two conditions that change one thing:
 
 - ``A, as deployed``: the API servers, the proxy and this client float over both cores (the default);
 - ``B, decode core reserved``: every thread of the proxy, of both API servers and of this client is
-  pinned to core 0, so core 1 holds only the decode engine process.
+  pinned to core 0 (`Deployment.decode_cores_reserved`), so core 1 holds only the decode engine process.
 
 Each condition prints the decode role's quiet steps, live ÷ probe fit (lab 05's check), and the CPU
 seconds every thread of every process used during the run, and on which core each ran last
@@ -21,6 +21,7 @@ Prints figures; not a test. Starts and stops its own servers (nothing is left ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -28,7 +29,6 @@ from pathlib import Path
 import numpy as np
 from pdlab.metrics import tpot_s
 from pdlab.paths import build_dir
-from pdlab.process import pin_threads
 from pdlab.serve import DeployPorts, disaggregated
 from pdlab.serve.bench import build_workload, run_bench
 from pdlab.serve.cpucost import tree_processes
@@ -128,32 +128,26 @@ def main() -> None:
         lat = fit_profile(pre, decode_points=dec)
         print(f"decode probe fit (alone): a_d {lat.decode[0] * 1e3:.2f} ms, b_d {lat.decode[1] * 1e6:.3f} µs/ctx token, "
               f"c_d {lat.decode[2] * 1e6:.1f} µs/seq; fit mean |err| {lat.meta['fit']['decode']['mape']:.1%}")
-        floating = [p for r, pids in roles.items() if "engine" not in r for p in pids]
-        default_affinity = {p: os.sched_getaffinity(p) for p in floating}
         reqs = build_workload("sharegpt", rate_rps=args.rate, n=args.requests, seed=0, max_prompt_tokens=1024,
                               max_output_tokens=64)
         for rnd in range(args.rounds):
             for cond in ("A, as deployed", "B, decode core reserved"):
-                if cond.startswith("B"):
-                    n = pin_threads(floating, {0})
-                else:   # back to each process's own affinity
-                    for p, cpus in default_affinity.items():
-                        pin_threads([p], cpus)
-                    n = 0
-                load0 = os.getloadavg()[0]
-                before, tok0 = _snapshot(roles), _tokens(dec_url)
-                res = run_bench(dep.url, reqs, progress=False, seed=rnd)
-                after, tok1 = _snapshot(roles), _tokens(dec_url)
-                recs = res.records
-                wall = max(r.finish_s or 0 for r in recs) - min(r.arrival_s for r in recs)
-                steps = [row for row in decode_steps_vs_model(recs, lat) if np.isfinite(row["live / fitted, quiet"])]
-                q = quiet_step_ratio(recs, lat)
-                print(f"\nround {rnd + 1}, {cond} ({n} threads pinned to core 0; load average {load0:.1f}): "
-                      f"{sum(r.ok for r in recs)}/{len(recs)} ok, TPOT p50 {np.median(tpot_s(recs)) * 1e3:.1f} ms, "
-                      f"quiet decode steps live / probe fit {q:.2f} (by batch: "
-                      + ", ".join(f"{r['batch']} {r['live / fitted, quiet']:.2f}" for r in steps) + ")")
-                print("\n".join(_cpu_table(before, after, wall)))
-                print("  " + _decode_engine_ms_per_token(before, after, tok1 - tok0))
+                layout = dep.decode_cores_reserved() if cond.startswith("B") else contextlib.nullcontext()
+                with layout:
+                    load0 = os.getloadavg()[0]
+                    before, tok0 = _snapshot(roles), _tokens(dec_url)
+                    res = run_bench(dep.url, reqs, progress=False, seed=rnd)
+                    after, tok1 = _snapshot(roles), _tokens(dec_url)
+                    recs = res.records
+                    wall = max(r.finish_s or 0 for r in recs) - min(r.arrival_s for r in recs)
+                    steps = [row for row in decode_steps_vs_model(recs, lat) if np.isfinite(row["live / fitted, quiet"])]
+                    q = quiet_step_ratio(recs, lat)
+                    print(f"\nround {rnd + 1}, {cond} (load average {load0:.1f}): "
+                          f"{sum(r.ok for r in recs)}/{len(recs)} ok, TPOT p50 {np.median(tpot_s(recs)) * 1e3:.1f} ms, "
+                          f"quiet decode steps live / probe fit {q:.2f} (by batch: "
+                          + ", ".join(f"{r['batch']} {r['live / fitted, quiet']:.2f}" for r in steps) + ")")
+                    print("\n".join(_cpu_table(before, after, wall)))
+                    print("  " + _decode_engine_ms_per_token(before, after, tok1 - tok0))
 
 
 if __name__ == "__main__":

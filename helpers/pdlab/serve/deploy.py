@@ -25,6 +25,7 @@ from pdlab.process import (
     ManagedProcess,
     ServerStartError,
     check_port_free,
+    free_port,
     parse_cpu_list,
     pinned,
     spawn,
@@ -200,8 +201,7 @@ class Deployment:
     def front_end_pids(self) -> list[int]:
         """PIDs of the processes that speak HTTP: each server's API process (not its engine core,
         which is a child process) and the proxy."""
-        pids = [s.process.pid for s in self.servers if s.process is not None]
-        return pids + ([self.proxy.pid] if self.proxy is not None else [])
+        return [p.pid for p in self.processes()]
 
     @contextlib.contextmanager
     def decode_cores_reserved(self, *, client: bool = True):
@@ -290,8 +290,6 @@ class DeployPorts:
     @classmethod
     def free(cls) -> DeployPorts:
         """One port for each that the OS reports free right now (tests and notebooks, beside other servers)."""
-        from pdlab.process import free_port
-
         return cls(proxy=free_port(), prefill=free_port(), decode=free_port(), side_channel=free_port())
 
 
