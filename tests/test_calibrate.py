@@ -507,3 +507,50 @@ def test_run_decode_points_ignore_zero_gaps_and_noisy_steps():
     assert pt.decode_batch == 1 and pt.time_s == pytest.approx(0.01) and pt.samples == 9
     with pytest.raises(ValueError, match="need >= 3 decode points"):
         refit_decode_on_run(TRUE, [steady])
+
+
+def test_joint_decode_fit_takes_the_level_from_a_slow_run_and_the_slopes_from_the_probe():
+    """A run at low load (batches 1–3) whose steps cost TRUE's plus 2 ms, with a probe that saw
+    TRUE over batches 1–16: the joint fit gives the run's level (a + 2 ms) and TRUE's slopes, so it
+    predicts batches the run never reached; the run's points alone cannot pin the slopes that well."""
+    from pdlab.simreal.calibrate import fit_decode_joint, refit_decode_on_run, run_decode_points
+
+    busy = FittedLatency(TRUE.prefill, (TRUE.decode[0] + 0.002, *TRUE.decode[1:]))
+    recs = _varied_run(busy, rate=1.0, n=60)
+    assert max(p.decode_batch for p in run_decode_points(recs)) <= 4
+    probe = [StepPoint.from_dict(p) for p in sample_points(TRUE, prefill_lengths=(), decode_batches=(1, 2, 4, 8, 16))]
+    (a, b, c), q = fit_decode_joint(run_decode_points(recs), probe)
+    assert a == pytest.approx(TRUE.decode[0] + 0.002, rel=0.05)
+    assert b == pytest.approx(TRUE.decode[1], rel=0.1) and c == pytest.approx(TRUE.decode[2], rel=0.1)
+    assert q["probe_level_s"] == pytest.approx(TRUE.decode[0], rel=0.05) and q["probe_points"] == len(probe)
+    joint = refit_decode_on_run(TRUE, recs, probe_points=probe)
+    assert joint.decode == pytest.approx((a, b, c)) and "probe's points" in joint.meta["fit"]["decode"]["source"]
+    for batch in (8, 16):
+        assert joint.decode_time_s([300] * batch) == pytest.approx(busy.decode_time_s([300] * batch), rel=0.02)
+    with pytest.raises(ValueError, match=">= 2 run decode points"):
+        fit_decode_joint(run_decode_points(recs)[:1], probe)
+    with pytest.raises(ValueError, match="cannot separate"):
+        fit_decode_joint([p for p in run_decode_points(recs) if p.decode_batch == 1],
+                         [p for p in probe if p.decode_batch == 1])   # one batch size: B is the intercepts' sum
+
+
+def test_step_ratio_windows_follow_the_run_over_time():
+    """A run that follows TRUE is at 1 in every window; against a decode row twice TRUE's, at ½; a
+    run whose steps double halfway shows the doubling in its later windows."""
+    from pdlab.simreal.calibrate import step_ratio_windows
+
+    recs = _varied_run(TRUE, rate=4.0, n=80)
+    rows = step_ratio_windows(recs, TRUE, window_s=4.0)
+    assert len(rows) >= 3 and all(r["gaps"] >= 20 for r in rows)
+    assert [r["start_s"] for r in rows] == sorted(r["start_s"] for r in rows)
+    assert all(r["ratio"] == pytest.approx(1.0, rel=0.03) for r in rows)
+    slow = FittedLatency(TRUE.prefill, tuple(2 * c for c in TRUE.decode))
+    assert all(r["ratio"] == pytest.approx(0.5, rel=0.03) for r in step_ratio_windows(recs, slow, window_s=4.0))
+    t = [0.01 * k for k in range(400)]
+    doubling = [0.0] + [x if x < 2.0 else 2.0 + 2 * (x - 2.0) for x in t[1:]]   # steps of 10 ms, then 20 ms
+    rec = RequestRecord(0, -0.001, 100, len(doubling), doubling[0], doubling[-1], token_times_s=doubling)
+    one = FittedLatency(TRUE.prefill, (0.01, 0.0, 0.0))
+    rows = step_ratio_windows([rec], one, window_s=1.0)
+    assert rows[0]["ratio"] == pytest.approx(1.0) and rows[-1]["ratio"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="two or more token times"):
+        step_ratio_windows([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], TRUE)

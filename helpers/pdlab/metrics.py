@@ -25,9 +25,11 @@ Times are seconds, on any clock, as long as one record's times share it.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,8 @@ __all__ = [
     "attainment_curve",
     "summarize",
     "records_to_frame",
+    "write_records",
+    "read_records",
     "DEFAULT_PERCENTILES",
 ]
 
@@ -113,6 +117,21 @@ class RequestRecord:
             d.pop("token_times_s")
         d.update(ttft_s=self.ttft_s, tpot_s=self.tpot_s, e2e_s=self.e2e_s)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
+        """The record :meth:`as_dict` wrote (derived keys such as ``ttft_s`` are ignored).
+
+        >>> r = RequestRecord(3, arrival_s=1.0, prompt_tokens=8, output_tokens=2, first_token_s=1.5,
+        ...                   finish_s=2.0, token_times_s=[1.5, 2.0])
+        >>> RequestRecord.from_dict(r.as_dict(with_token_times=True)) == r
+        True
+        """
+        names = {f.name for f in fields(cls)}
+        missing = [k for k in ("request_id", "arrival_s", "prompt_tokens", "output_tokens") if k not in d]
+        if missing:
+            raise ValueError(f"a request record needs {', '.join(missing)}; got keys {sorted(d)}")
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass(frozen=True)
@@ -295,3 +314,35 @@ def records_to_frame(records: Sequence[RequestRecord]):
     import pandas as pd
 
     return pd.DataFrame([r.as_dict() for r in records])
+
+
+def write_records(records: Iterable[RequestRecord], path: str | Path) -> Path:
+    """Write ``records`` as JSON lines, token times included (:meth:`RequestRecord.as_dict`);
+    creates the parent folder. Read them back with :func:`read_records`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        for r in records:
+            fh.write(json.dumps(r.as_dict(with_token_times=True), default=_json_default) + "\n")
+    return path
+
+
+def read_records(path: str | Path) -> list[RequestRecord]:
+    """The records :func:`write_records` (or ``BenchResult.save``) wrote. Raises ValueError naming
+    the file and line of a line that is not a record."""
+    out = []
+    with open(path) as fh:
+        for n, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(RequestRecord.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{n}: not a request record ({exc})") from None
+    return out
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return str(obj)

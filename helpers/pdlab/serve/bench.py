@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pdlab.metrics import SLO, RequestRecord, summarize
+from pdlab.metrics import SLO, RequestRecord, summarize, write_records
 from pdlab.paths import build_dir
 from pdlab.serve.streaming import outcome_record, run_sync, stream_request
 from pdlab.workloads import Request, gamma_arrivals, make_requests, named_workload, with_rate
@@ -290,9 +290,7 @@ class BenchResult:
         summary_path, records_path = out / f"{name}-summary.json", out / f"{name}-records.jsonl"
         summary_path.write_text(json.dumps({"config": self.config, "summary": self.summary}, indent=2,
                                            default=_json_default))
-        with open(records_path, "w") as fh:
-            for r in self.records:
-                fh.write(json.dumps(r.as_dict(with_token_times=True), default=_json_default) + "\n")
+        write_records(self.records, records_path)
         self.paths = {"summary": str(summary_path), "records": str(records_path)}
         return self.paths
 

@@ -67,8 +67,10 @@ __all__ = [
     "offered_prefill_load",
     "decode_steps_vs_model",
     "run_decode_points",
+    "fit_decode_joint",
     "refit_decode_on_run",
     "quiet_step_ratio",
+    "step_ratio_windows",
     "prefill_quiet_requests",
     "refit_prefill_on_run",
     "ERROR_COLUMNS",
@@ -138,8 +140,6 @@ def fit_row(points: Iterable[StepPoint | Mapping[str, Any]], kind: str, *, relat
     Raises ValueError naming the problem for malformed points, fewer than three points of this
     kind, or points that cannot separate the three coefficients (e.g. one prompt length only).
     """
-    from scipy.optimize import nnls
-
     if kind not in ("prefill", "decode"):
         raise ValueError(f"kind must be 'prefill' or 'decode', got {kind!r}")
     pts = [p for p in _validate_points(points) if (p.prefill_tokens > 0 if kind == "prefill" else p.decode_batch > 0)]
@@ -151,18 +151,29 @@ def fit_row(points: Iterable[StepPoint | Mapping[str, Any]], kind: str, *, relat
         what = "distinct prompt lengths" if kind == "prefill" else \
             "batch sizes and contexts that vary independently (several batches, several prompt lengths)"
         raise ValueError(f"{kind} points cannot separate the three coefficients: they need >= 3 {what}")
+    coef = _nnls(a, y, relative)
+    return (float(coef[0]), float(coef[1]), float(coef[2])), _quality(a @ coef, y)
+
+
+def _nnls(a: np.ndarray, y: np.ndarray, relative: bool = True) -> np.ndarray:
+    """Non-negative least squares of ``a @ coef ≈ y``, on relative residuals when ``relative``,
+    with the columns scaled to 1 (the coefficients differ by orders of magnitude)."""
+    from scipy.optimize import nnls
+
     w = 1.0 / y if relative else np.ones_like(y)
     aw = a * w[:, None]
     scale = np.abs(aw).max(axis=0)
     scale[scale == 0] = 1.0
     coef, _ = nnls(aw / scale, y * w)
-    coef = coef / scale
-    pred = a @ coef
+    return coef / scale
+
+
+def _quality(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """Fit quality of predictions against measurements: r2, mape, max_rel_err, points."""
     rel = (pred - y) / y
     ss_tot = float(((y - y.mean()) ** 2).sum())
-    quality = {"r2": 1.0 - float(((pred - y) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan"),
-               "mape": float(np.abs(rel).mean()), "max_rel_err": float(np.abs(rel).max()), "points": len(pts)}
-    return (float(coef[0]), float(coef[1]), float(coef[2])), quality
+    return {"r2": 1.0 - float(((pred - y) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan"),
+            "mape": float(np.abs(rel).mean()), "max_rel_err": float(np.abs(rel).max()), "points": len(y)}
 
 
 def fit_profile(points: Iterable[StepPoint | Mapping[str, Any]], *,
@@ -572,17 +583,77 @@ def run_decode_points(records: Sequence[RequestRecord], *, ctx_bucket_tokens: in
     return points
 
 
-def refit_decode_on_run(latency: FittedLatency, records: Sequence[RequestRecord], **kwargs: Any) -> FittedLatency:
+def fit_decode_joint(run_points: Sequence[StepPoint], probe_points: Sequence[StepPoint]
+                     ) -> tuple[tuple[float, float, float], dict[str, float]]:
+    """A decode row whose slopes come from the probe's and the run's points together and whose
+    level comes from the run: t = a_run + b·Σctx + c·B on the run's points, t = a_probe + b·Σctx
+    + c·B on the probe's (shared b, c; one intercept each; NNLS on relative residuals).
+
+    The probe spans batches and contexts a slow run never reaches (a run at low load has batches of
+    1–3, which cannot pin the per-sequence term), and the run sets what the workload adds to every
+    step. Returns (a_run, b, c) in s, s/context token, s/sequence, and the fit quality on the
+    run's points, with ``probe_level_s`` (a_probe) and ``probe_points``. Raises ValueError with
+    fewer than two run points or three probe points, or points that cannot separate b and c."""
+    run = [p for p in _validate_points(run_points) if p.decode_batch > 0]
+    probe = [p for p in _validate_points(probe_points) if p.decode_batch > 0]
+    if len(run) < 2 or len(probe) < 3:
+        raise ValueError(f"need >= 2 run decode points and >= 3 probe decode points, got {len(run)} and {len(probe)}")
+    a = np.array([[1.0, 0.0, p.decode_ctx_tokens, p.decode_batch] for p in run] +
+                 [[0.0, 1.0, p.decode_ctx_tokens, p.decode_batch] for p in probe])
+    if np.linalg.matrix_rank(a / np.abs(a).max(axis=0)) < 4:
+        raise ValueError("decode points cannot separate the per-context and per-sequence terms: they need several "
+                         "batch sizes and contexts that vary independently")
+    y = np.array([p.time_s for p in run + probe])
+    coef = _nnls(a, y)
+    quality = _quality(a[: len(run)] @ coef, y[: len(run)])
+    return (float(coef[0]), float(coef[2]), float(coef[3])), {**quality, "probe_level_s": float(coef[1]),
+                                                              "probe_points": len(probe)}
+
+
+def refit_decode_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *,
+                        probe_points: Sequence[StepPoint] | None = None, **kwargs: Any) -> FittedLatency:
     """``latency`` with its decode row refitted on a live run's own quiet steps
-    (:func:`run_decode_points`); prefill and ``meta`` (link, contention, admission) are kept, the
-    new fit's quality is in ``meta["fit"]["decode"]`` and the probe's in ``meta["fit"]["decode_probe"]``.
-    Raises ValueError when the run's steps cannot separate the three decode coefficients."""
-    decode, quality = fit_row(run_decode_points(records, **kwargs), "decode")
+    (:func:`run_decode_points`, ``kwargs``): alone (three coefficients from the run), or with the
+    probe's decode points (``probe_points``, :func:`fit_decode_joint`: the slopes from both, the
+    level from the run). Prefill and ``meta`` (link, contention, admission) are kept; the new fit's
+    quality is in ``meta["fit"]["decode"]`` and the probe's in ``meta["fit"]["decode_probe"]``.
+    Raises ValueError when the points cannot separate the decode coefficients."""
+    points = run_decode_points(records, **kwargs)
+    if probe_points is None:
+        decode, quality = fit_row(points, "decode")
+        source = "live run, quiet steps"
+    else:
+        decode, quality = fit_decode_joint(points, probe_points)
+        source = "live run's quiet steps (level) with the probe's points (slopes)"
     meta = dict(latency.meta)
     fit = dict(meta.get("fit", {}))
-    fit["decode_probe"], fit["decode"] = fit.get("decode"), {**quality, "source": "live run, quiet steps"}
+    fit["decode_probe"], fit["decode"] = fit.get("decode"), {**quality, "source": source}
     meta["fit"] = fit
     return FittedLatency(latency.prefill, decode, meta=meta)
+
+
+def step_ratio_windows(records: Sequence[RequestRecord], latency: FittedLatency, *, window_s: float = 5.0,
+                       min_gaps: int = 20) -> list[dict[str, float]]:
+    """The live decode step against the fitted one over time: the run's quiet gaps
+    (:func:`_run_step_gaps`, by their midpoint) in windows of ``window_s`` seconds from the first
+    send, each window with at least ``min_gaps`` quiet gaps one row: ``start_s``, ``gaps``, the
+    median live ÷ fitted step (``ratio``) and the mean batch. The spread of ``ratio`` within one
+    run is the machine's own repeatability, seconds apart, at the same batch and context: no fit
+    predicts a run better than the run repeats itself."""
+    recs = [r for r in records if r.ok and r.token_times_s is not None and len(r.token_times_s) >= 2]
+    if not recs:
+        raise ValueError("no record with two or more token times")
+    t0 = min(r.arrival_s for r in records)
+    mids = [0.5 * (t[1:] + t[:-1]) for t in (np.asarray(r.token_times_s, dtype=float) for r in recs)]
+    rows = [(float(m), b, gap / latency.step_time_s(0, 0.0, b, ctx))
+            for m, (b, ctx, gap, quiet) in zip(np.concatenate(mids), _run_step_gaps(recs), strict=True) if quiet]
+    out = []
+    for k in range(int(max((m - t0 for m, _, _ in rows), default=0.0) // window_s) + 1):
+        sel = [(b, x) for m, b, x in rows if k * window_s <= m - t0 < (k + 1) * window_s]
+        if len(sel) >= min_gaps:
+            out.append({"start_s": k * window_s, "gaps": len(sel), "ratio": float(np.median([x for _, x in sel])),
+                        "mean batch": float(np.mean([b for b, _ in sel]))})
+    return out
 
 
 def quiet_step_ratio(records: Sequence[RequestRecord], latency: FittedLatency) -> float:
