@@ -183,23 +183,29 @@ class Instance:
     # -- scheduling -------------------------------------------------------------------------------
     def try_schedule(self, now: float) -> None:
         inflight = self.inflight
-        pp = self.pp
-        while len(inflight) < pp and self.stage_free_at <= now + 1e-12:
-            b = self._form_batch(now)
-            if b is None:
-                break
-            inflight.append(b)
-            self.iterations += b.n_steps
-            self.busy_s += b.duration
-            if pp == 1:
-                self.stage_free_at = end = b.end
-                b.seq = self.sim.push(end, EV_DONE, self, b)
-            else:
-                self.stage_free_at = now + b.duration / self.pp
+        if self.pp == 1:        # one batch in flight at a time
+            if not inflight and self.stage_free_at <= now + 1e-12:
+                b = self._form_batch(now)
+                if b is not None:
+                    inflight.append(b)
+                    self.iterations += b.n_steps
+                    self.busy_s += b.duration
+                    self.stage_free_at = end = b.end
+                    b.seq = self.sim.push(end, EV_DONE, self, b)
+        else:
+            pp = self.pp
+            while len(inflight) < pp and self.stage_free_at <= now + 1e-12:
+                b = self._form_batch(now)
+                if b is None:
+                    break
+                inflight.append(b)
+                self.iterations += b.n_steps
+                self.busy_s += b.duration
+                self.stage_free_at = now + b.duration / pp
                 b.seq = self.sim.push(b.end, EV_DONE, self, b)
                 self.sim.push(self.stage_free_at, EV_STAGE, self, None)
                 break
-        if self.cpu_peers and self.inflight and not self.busy_for_peers:
+        if self.cpu_peers and inflight and not self.busy_for_peers:
             self.busy_for_peers = True
             self._busy_changed(now)
 
@@ -239,7 +245,18 @@ class Instance:
             if self.kv_used + target > self.capacity:
                 break
             hash_ids = r.req.hash_ids
-            cached = self.cached_prefix_tokens(r) if cache is not None else 0
+            cached = 0
+            if cache is not None and hash_ids:      # cached_prefix_tokens(r), written out
+                blocks = cache.table
+                for h in hash_ids:
+                    if h not in blocks:
+                        break
+                    cached += 1
+                cached *= self.block_tokens
+                if target - 1 < cached:
+                    cached = target - 1
+                if cached < 0:
+                    cached = 0
             todo = target - cached
             chunk = budget if budget < todo and not plain else todo
             if items and chunk > budget:
@@ -426,6 +443,8 @@ class Instance:
             if lines is None:
                 lines = self._decode_lines[n_dec] = self.latency.decode_affine(n_dec)
             plan = BatchPlan(lines, ctx, n_dec, k, slow)
+            if k <= plan.m:     # plan.elapsed(k), written out
+                return Batch([], decodes, now, None, plan.pa * k + plan.pb * (k * (k - 1) * 0.5) + plan.c * k, plan, k)
             return Batch([], decodes, now, None, plan.elapsed(k), plan, k)
         steps = self.latency.decode_times_s(n_dec, ctx + n_dec * np.arange(k))
         if slow != 1.0:
@@ -441,35 +460,61 @@ class Instance:
             del inflight[0]
         else:
             inflight.remove(b)
-        sim = self.sim
-        k = b.n_steps
         decodes = b.decodes
-        mark = None         # the token time(s) of this batch: now, or the marker of a multi-step plan
-        if decodes and sim.record_token_times:
-            mark = now if k == 1 else sim.token_mark(b)
-        if self.pp > 1:
-            for r in decodes:
-                r.busy = False
-        for r in decodes:
-            if r.finish is not None or r.error:
-                continue
-            r.kv += k                   # the KV its k tokens took (reserved in kv_used when the batch formed)
-            r.generated = generated = r.generated + k
-            if mark is not None:
-                r.times.append(mark)
-            if generated >= r.output:
-                self.release(r)
-                self.running.remove(r)
-                r.finish = now
-                sim.on_request_finished(r, now)
+        if decodes:
+            k = b.n_steps
+            if self.pp > 1:
+                for r in decodes:
+                    r.busy = False
+            sim = self.sim
+            if sim.record_token_times:      # the token time(s) of this batch: now, or the marker of a plan
+                mark = now if k == 1 else sim.token_mark(b)
+                for r in decodes:
+                    if r.finish is not None or r.error:
+                        continue
+                    r.kv += k               # the KV its k tokens took (reserved in kv_used when the batch formed)
+                    r.generated = generated = r.generated + k
+                    r.times.append(mark)
+                    if generated >= r.output:
+                        self._finish(r, now)
+            else:
+                for r in decodes:
+                    if r.finish is not None or r.error:
+                        continue
+                    r.kv += k
+                    r.generated = generated = r.generated + k
+                    if generated >= r.output:
+                        self._finish(r, now)
         if b.prefill:
             self._complete_prefill(b, now)
         if self.pending_pulls:
-            sim.start_pulls(self, now)
-        self.try_schedule(now)
-        if self.cpu_peers and not self.inflight and self.busy_for_peers:
+            self.sim.start_pulls(self, now)
+        inflight = self.inflight
+        if self.pp == 1:        # try_schedule(now), written out (one batch in flight at a time)
+            if not inflight and self.stage_free_at <= now + 1e-12:
+                b = self._form_batch(now)
+                if b is not None:
+                    inflight.append(b)
+                    self.iterations += b.n_steps
+                    self.busy_s += b.duration
+                    self.stage_free_at = end = b.end
+                    b.seq = self.sim.push(end, EV_DONE, self, b)
+            if self.cpu_peers and inflight and not self.busy_for_peers:
+                self.busy_for_peers = True
+                self._busy_changed(now)
+        else:
+            self.try_schedule(now)
+        if self.cpu_peers and not inflight and self.busy_for_peers:
             self.busy_for_peers = False
             self._busy_changed(now)
+
+    def _finish(self, r: SimRequest, now: float) -> None:
+        """The running request ``r`` has generated its last token at ``now``."""
+        self.kv_used -= r.kv        # release(r), written out
+        r.kv = 0
+        self.running.remove(r)
+        r.finish = now
+        self.sim.on_request_finished(r, now)
 
     def _complete_prefill(self, b: Batch, now: float) -> None:
         sim = self.sim

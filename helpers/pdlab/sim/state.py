@@ -241,7 +241,8 @@ def expand_plan_stamps(times: Sequence[Sequence[float]], plans: Sequence[Batch],
     step end of ``plans[i]`` (:meth:`Batch.step_ends`: a plan's own ``ends``, or the closed form of
     :func:`plan_step_ends`). One vectorised gather for all requests: each entry is a run of
     consecutive values of ``pool`` (the entries themselves, then the plans' step ends), so the
-    gather index is a cumulative sum of ones with a jump where a run starts."""
+    gather index is each run's start in ``pool`` less its start in the output, repeated over the
+    run, plus the output position."""
     lens = [len(t) for t in times]
     flat = np.fromiter(chain.from_iterable(times), float, sum(lens))
     marks = np.flatnonzero(flat <= base)
@@ -262,11 +263,11 @@ def expand_plan_stamps(times: Sequence[Sequence[float]], plans: Sequence[Batch],
     src[marks] = flat.size + offsets[pid]
     out_end = np.cumsum(counts)
     pool = np.concatenate([flat, ends])
-    index = np.ones(int(out_end[-1]) if out_end.size else 0, dtype=np.int32 if pool.size < 2**31 else np.intp)
-    if index.size:
-        index[0] = src[0]
-        index[out_end[:-1]] = src[1:] - src[:-1] - counts[:-1] + 1
-    out = pool[np.cumsum(index, out=index)]
+    total = int(out_end[-1]) if out_end.size else 0
+    dtype = np.int32 if pool.size < 2**31 and total < 2**31 else np.intp
+    index = np.repeat((src - (out_end - counts)).astype(dtype), counts)
+    index += np.arange(total, dtype=dtype)
+    out = pool[index]
     bounds = (np.concatenate([[0], out_end])[np.cumsum([0, *lens])] * out.itemsize).tolist()
     raw = memoryview(out).cast("B")
     result = []
@@ -280,20 +281,22 @@ def expand_plan_stamps(times: Sequence[Sequence[float]], plans: Sequence[Batch],
 class PrefixLRU:
     """The LRU of :class:`pdlab.kvcache.LRUBlockCache` (same order, same evictions), on a plain dict:
     a touched block is popped and re-inserted at the end, and eviction removes the oldest from the
-    front (CPython dicts keep insertion order and compact deleted slots when they resize)."""
+    front (CPython dicts keep insertion order and compact deleted slots when they resize). ``table``
+    is that dict (block id -> None, least recently used first), read directly by the instance's
+    admission loop."""
 
-    __slots__ = ("capacity_blocks", "_blocks")
+    __slots__ = ("capacity_blocks", "table")
 
     def __init__(self, capacity_blocks: int):
         self.capacity_blocks = capacity_blocks
-        self._blocks: dict[int, None] = {}
+        self.table: dict[int, None] = {}
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self.table)
 
     def match(self, hash_ids: Sequence[int]) -> int:
         """Leading blocks of ``hash_ids`` present now (no side effects)."""
-        blocks = self._blocks
+        blocks = self.table
         n = 0
         for h in hash_ids:
             if h not in blocks:
@@ -303,7 +306,7 @@ class PrefixLRU:
 
     def insert(self, hash_ids: Sequence[int]) -> None:
         """Touch/insert the blocks last to first, then evict the least recently used."""
-        blocks = self._blocks
+        blocks = self.table
         pop = blocks.pop
         for h in reversed(hash_ids):
             pop(h, None)
@@ -315,4 +318,4 @@ class PrefixLRU:
 
     def blocks(self) -> list[int]:
         """Cached block ids, least recently used first."""
-        return list(self._blocks)
+        return list(self.table)
