@@ -3,6 +3,7 @@ profiles readable by the simulator, simulator set-ups, and the error table. No l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -554,3 +555,23 @@ def test_step_ratio_windows_follow_the_run_over_time():
     assert rows[0]["ratio"] == pytest.approx(1.0) and rows[-1]["ratio"] == pytest.approx(2.0)
     with pytest.raises(ValueError, match="two or more token times"):
         step_ratio_windows([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], TRUE)
+
+
+def test_paired_error_is_zero_for_a_replay_of_itself_and_follows_each_request():
+    """A live run that is its own model's replay: paired errors 0; a replay with a prefill twice as
+    slow gives a positive paired TTFT error; pairs skip failed requests and match by send order."""
+    from pdlab.simreal.calibrate import paired_error, replay_pairs
+
+    recs = _varied_run(TRUE, rate=2.0, n=40)
+    same = simulate_like_live(requests_from_records(recs), "colocated", TRUE)
+    assert len(replay_pairs(recs, same)) == len(recs)
+    assert paired_error(recs, same, "ttft") == pytest.approx(0.0, abs=1e-9)
+    assert paired_error(recs, same, "tpot") == pytest.approx(0.0, abs=1e-9)
+    slow = FittedLatency(tuple(2 * c for c in TRUE.prefill), TRUE.decode)
+    assert paired_error(recs, simulate_like_live(requests_from_records(recs), "colocated", slow), "ttft") > 0.3
+    named = [dataclasses.replace(r, request_id=f"r{i}") for i, r in enumerate(recs)]
+    named[3] = dataclasses.replace(named[3], ok=False, error="boom")
+    pairs = replay_pairs(named, same)
+    assert len(pairs) == len(recs) - 1 and all(s.request_id == int(r.request_id[1:]) for r, s in pairs)
+    with pytest.raises(ValueError, match="metric must be ttft or tpot"):
+        paired_error(recs, same, "e2e")

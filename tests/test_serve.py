@@ -476,6 +476,31 @@ def test_disaggregated_places_servers_from_role_placements_and_ports():
     assert all(0 < p < 65536 for p in (free.proxy, free.prefill, free.decode, free.side_channel))
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_engine_cores_reserved_moves_the_client_to_the_spare_cores_and_back():
+    """Nothing starts: a colocated CPU deployment on core 0 pins this process (the client) to the
+    other cores inside the block and gives its affinity back after; a deployment on every core, a
+    disaggregated one or one without cores is refused with the reason."""
+    from pdlab.serve import RolePlacement, colocated, disaggregated
+
+    cores = sorted(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    dep = colocated("m", device="cpu", cores=str(cores[0]))
+    with dep.engine_cores_reserved() as spare:
+        assert spare == set(cores[1:]) and os.sched_getaffinity(0) == spare
+    assert os.sched_getaffinity(0) == before
+    with pytest.raises(ValueError, match="no core left"):
+        with colocated("m", device="cpu", cores=",".join(map(str, cores))).engine_cores_reserved():
+            pass
+    with pytest.raises(ValueError, match="needs a colocated CPU deployment"):
+        with disaggregated("m", device="cpu", decode=RolePlacement()).engine_cores_reserved():
+            pass
+    with pytest.raises(ValueError, match="needs a colocated CPU deployment"):
+        with colocated("m", device="cuda").engine_cores_reserved():
+            pass
+    assert os.sched_getaffinity(0) == before
+
+
 def test_client_options_build_the_request_body():
     from pdlab.serve.bench import ClientOptions
 

@@ -224,6 +224,29 @@ class Deployment:
         with pinned(self.front_end_pids() + ([os.getpid()] if client else []), front):
             yield front
 
+    @contextlib.contextmanager
+    def engine_cores_reserved(self, *, client: bool = True):
+        """While the block runs, a colocated CPU server's engine holds its cores alone.
+
+        The server's API process and, with ``client``, the calling process (the benchmark client)
+        run on the cores this process may use that the engine does not (``spec.cores``, e.g.
+        engine on ``"0"``, front end and client on core 1 of a 2-core machine); each gets its own
+        affinity back afterwards. On the course's 2-core VM an engine whose OpenMP threads span both
+        cores has two step levels about 2× apart; one engine thread on a core of its own has one
+        (benchmarks/colocated_step_modes.py, lab 05, issue 26).
+        """
+        if self.kind != "colocated" or any(s.spec.resolved_device() != "cpu" or not s.spec.cores
+                                           for s in self.servers):
+            raise ValueError("engine_cores_reserved needs a colocated CPU deployment with its cores set, "
+                             f"got {self.describe()}")
+        engine = set().union(*(parse_cpu_list(s.spec.cores) for s in self.servers))
+        spare = os.sched_getaffinity(0) - engine
+        if not spare:
+            raise ValueError(f"the engine has every core this process may use ({sorted(engine)}): "
+                             "no core left for the front end")
+        with pinned(self.front_end_pids() + ([os.getpid()] if client else []), spare):
+            yield spare
+
     def describe(self) -> str:
         lines = [f"{self.kind} deployment, entry point {self.url}"]
         for s in self.servers:

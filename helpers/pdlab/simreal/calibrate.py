@@ -60,6 +60,8 @@ __all__ = [
     "server_prompt_tokens",
     "simulate_like_live",
     "compare_runs",
+    "replay_pairs",
+    "paired_error",
     "error_table",
     "TTFT_PHASES",
     "live_ttft_phases",
@@ -453,6 +455,32 @@ def compare_runs(live: Sequence[RequestRecord], sim: Sequence[RequestRecord], sl
     return row
 
 
+def replay_pairs(live: Sequence[RequestRecord], sim: Sequence[RequestRecord]
+                 ) -> list[tuple[RequestRecord, RequestRecord]]:
+    """Each completed live request with its replay (:func:`simulate_like_live` of
+    :func:`requests_from_records` of ``live``), matched by the id the replay gave it (the live id
+    when it is an int, else the request's place in send order); pairs where either side failed
+    are left out."""
+    by_id = {s.request_id: s for s in sim}
+    out = []
+    for i, r in enumerate(sorted(live, key=lambda r: r.arrival_s)):
+        s = by_id.get(r.request_id if isinstance(r.request_id, int) else i)
+        if r.ok and s is not None and s.ok:
+            out.append((r, s))
+    return out
+
+
+def paired_error(live: Sequence[RequestRecord], sim: Sequence[RequestRecord], metric: str = "ttft") -> float:
+    """Median over requests of (simulated − live) / live of ``metric`` (``"ttft"`` or ``"tpot"``),
+    request by request (:func:`replay_pairs`). Unlike the error of the medians it does not jump when
+    the median falls between two groups of prompt lengths; NaN without a pair that has the metric."""
+    if metric not in ("ttft", "tpot"):
+        raise ValueError(f"metric must be ttft or tpot, got {metric!r}")
+    rel = [getattr(s, f"{metric}_s") / getattr(r, f"{metric}_s") - 1 for r, s in replay_pairs(live, sim)
+           if getattr(r, f"{metric}_s") and getattr(s, f"{metric}_s") is not None]
+    return float(np.median(rel)) if rel else float("nan")
+
+
 def error_table(rows: Sequence[Mapping[str, Any]]):
     """A pandas DataFrame of :func:`compare_runs` rows, columns in :data:`ERROR_COLUMNS` order."""
     import pandas as pd
@@ -687,12 +715,8 @@ def refit_prefill_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     quiet = {id(r) for r in prefill_quiet_requests(live)}
     if len(quiet) < min_requests:
         raise ValueError(f"need >= {min_requests} requests that met no prefill queue, the run has {len(quiet)}")
-    sims = {s.request_id: s for s in simulate_like_live(requests_from_records(live), mode, latency, **sim_kwargs)}
-    ratios = []
-    for i, r in enumerate(live):   # the ids requests_from_records gives
-        sim = sims.get(r.request_id if isinstance(r.request_id, int) else i)
-        if id(r) in quiet and sim is not None and sim.ok and sim.ttft_s:
-            ratios.append(r.ttft_s / sim.ttft_s)
+    sims = simulate_like_live(requests_from_records(live), mode, latency, **sim_kwargs)
+    ratios = [r.ttft_s / sim.ttft_s for r, sim in replay_pairs(live, sims) if id(r) in quiet and sim.ttft_s]
     if len(ratios) < min_requests:
         raise ValueError(f"need >= {min_requests} replayed quiet requests, got {len(ratios)}")
     scale = float(np.median(ratios))
