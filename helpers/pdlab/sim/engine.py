@@ -154,9 +154,11 @@ class Simulator:
     def push(self, t: float, kind: int, a: Any, b: Any) -> int:
         """Schedule an event of ``kind`` (:data:`pdlab.sim.state.EV_DONE` …) at ``t`` with payload
         ``(a, b)``; equal times keep push order. Returns the event's sequence number (an
-        ``EV_DONE`` event runs only while it is its batch's ``seq``)."""
-        self._seq = seq = self._seq + 1
-        heapq.heappush(self._heap, (t, seq, kind, a, b))
+        ``EV_DONE`` event runs only while it is its batch's ``seq``). The heap of events is
+        ``event_heap`` and the last sequence number ``event_seq`` (instances push their batches'
+        completions there directly, as this method does)."""
+        self.event_seq = seq = self.event_seq + 1
+        heapq.heappush(self.event_heap, (t, seq, kind, a, b))
         return seq
 
     def token_mark(self, b: Batch) -> float:
@@ -319,8 +321,8 @@ class Simulator:
     def _start(self, requests: Sequence[Request]) -> tuple[list[SimRequest], list[SimRequest]]:
         """Fresh run state: instances, queues, links; the requests' states in request order and in
         arrival order."""
-        self._heap: list = []
-        self._seq = 0
+        self.event_heap: list = []     # (time, sequence number, kind, a, b): see push
+        self.event_seq = 0
         self._done = 0
         self.dispatch.reset()
         self.decode_dispatch.reset()
@@ -341,7 +343,7 @@ class Simulator:
         """Run the events up to ``horizon``; the time of the last one simulated."""
         # arrivals are read from the sorted list, merged with the event heap by time (an arrival
         # goes first on equal times, as it would with the smaller sequence number)
-        heap = self._heap
+        heap = self.event_heap
         front = self.front
         dispatch = self.dispatch
         pop = heapq.heappop

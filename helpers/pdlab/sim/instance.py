@@ -35,6 +35,7 @@ in at most one micro-batch at a time.
 from __future__ import annotations
 
 from collections import deque
+from heapq import heappush
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -166,7 +167,9 @@ class Instance:
         b.n_steps = keep
         self.busy_s -= duration - b.duration
         self.stage_free_at = end
-        b.seq = self.sim.push(end, EV_DONE, self, b)
+        sim = self.sim      # sim.push(end, EV_DONE, self, b), written out
+        sim.event_seq = b.seq = seq = sim.event_seq + 1
+        heappush(sim.event_heap, (end, seq, EV_DONE, self, b))
 
     # -- CPU sharing --------------------------------------------------------------------------------
     def _slowdown(self) -> float:
@@ -466,12 +469,12 @@ class Instance:
             if self.pp > 1:
                 for r in decodes:
                     r.busy = False
+                # (with one batch in flight nothing ends or fails its decodes before it completes)
+                decodes = [r for r in decodes if r.finish is None and not r.error]
             sim = self.sim
             if sim.record_token_times:      # the token time(s) of this batch: now, or the marker of a plan
                 mark = now if k == 1 else sim.token_mark(b)
                 for r in decodes:
-                    if r.finish is not None or r.error:
-                        continue
                     r.kv += k               # the KV its k tokens took (reserved in kv_used when the batch formed)
                     r.generated = generated = r.generated + k
                     r.times.append(mark)
@@ -479,8 +482,6 @@ class Instance:
                         self._finish(r, now)
             else:
                 for r in decodes:
-                    if r.finish is not None or r.error:
-                        continue
                     r.kv += k
                     r.generated = generated = r.generated + k
                     if generated >= r.output:
@@ -498,7 +499,9 @@ class Instance:
                     self.iterations += b.n_steps
                     self.busy_s += b.duration
                     self.stage_free_at = end = b.end
-                    b.seq = self.sim.push(end, EV_DONE, self, b)
+                    sim = self.sim      # sim.push(end, EV_DONE, self, b), written out
+                    sim.event_seq = b.seq = seq = sim.event_seq + 1
+                    heappush(sim.event_heap, (end, seq, EV_DONE, self, b))
             if self.cpu_peers and inflight and not self.busy_for_peers:
                 self.busy_for_peers = True
                 self._busy_changed(now)
