@@ -349,14 +349,17 @@ class Simulator:
         pop = heapq.heappop
         n_arr = len(order)
         ai = 0
+        t_arr = order[0].arrival if n_arr else 0.0     # the next arrival's time (order[ai].arrival)
         now = 0.0
         while True:
-            if ai < n_arr and (not heap or order[ai].arrival <= heap[0][0]):
+            if ai < n_arr and (not heap or t_arr <= heap[0][0]):
                 a = order[ai]
-                t = a.arrival
+                t = t_arr
                 if t > horizon:
                     break
                 ai += 1
+                if ai < n_arr:
+                    t_arr = order[ai].arrival
                 now = t
                 front[dispatch.choose(front, a, t)].enqueue(a, t)
                 continue

@@ -126,7 +126,13 @@ class BatchPlan:
         if m >= k:      # one line: elapsed(j) written out (this runs whenever work reaches a planning instance)
             if pa * k + pb * (k * (k - 1) * 0.5) + c * k < t:
                 return k
-            j = _first_estimate(pa, pb, c, t, k)
+            lin = pa + c - 0.5 * pb          # j = _first_estimate(pa, pb, c, t, k), written out
+            if pb > 0:
+                est = (-lin + math.sqrt(lin * lin + 2.0 * pb * (0.0 if 0.0 > t else t))) / pb
+            else:
+                est = t / lin if lin > 0 else 0.0
+            j = int(est)
+            j = k if k < j else (0 if j < 0 else j)
             while j < k and pa * (j + 1) + pb * ((j + 1) * j * 0.5) + c * (j + 1) < t:
                 j += 1
             while j > 0 and not pa * j + pb * (j * (j - 1) * 0.5) + c * j < t:
@@ -307,9 +313,9 @@ class PrefixLRU:
     def insert(self, hash_ids: Sequence[int]) -> None:
         """Touch/insert the blocks last to first, then evict the least recently used."""
         blocks = self.table
-        pop = blocks.pop
         for h in reversed(hash_ids):
-            pop(h, None)
+            if h in blocks:     # blocks.pop(h, None) without the call
+                del blocks[h]
             blocks[h] = None
         excess = len(blocks) - self.capacity_blocks
         if excess > 0:
