@@ -51,6 +51,7 @@ __all__ = [
     "records_to_frame",
     "write_records",
     "read_records",
+    "json_default",
     "DEFAULT_PERCENTILES",
 ]
 
@@ -323,7 +324,7 @@ def write_records(records: Iterable[RequestRecord], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
         for r in records:
-            fh.write(json.dumps(r.as_dict(with_token_times=True), default=_json_default) + "\n")
+            fh.write(json.dumps(r.as_dict(with_token_times=True), default=json_default) + "\n")
     return path
 
 
@@ -342,7 +343,8 @@ def read_records(path: str | Path) -> list[RequestRecord]:
     return out
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """``json.dumps(..., default=json_default)``: numpy scalars as Python numbers, anything else as its str."""
     if isinstance(obj, np.generic):
         return obj.item()
     return str(obj)

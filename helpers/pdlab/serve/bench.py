@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pdlab.metrics import SLO, RequestRecord, summarize, write_records
+from pdlab.metrics import SLO, RequestRecord, json_default, summarize, write_records
 from pdlab.paths import build_dir
 from pdlab.serve.streaming import outcome_record, run_sync, stream_request
 from pdlab.workloads import Request, gamma_arrivals, make_requests, named_workload, with_rate
@@ -289,18 +289,10 @@ class BenchResult:
         out.mkdir(parents=True, exist_ok=True)
         summary_path, records_path = out / f"{name}-summary.json", out / f"{name}-records.jsonl"
         summary_path.write_text(json.dumps({"config": self.config, "summary": self.summary}, indent=2,
-                                           default=_json_default))
+                                           default=json_default))
         write_records(self.records, records_path)
         self.paths = {"summary": str(summary_path), "records": str(records_path)}
         return self.paths
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
-    return str(obj)
 
 
 def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, client: ClientOptions | None = None,
