@@ -575,3 +575,50 @@ def test_paired_error_is_zero_for_a_replay_of_itself_and_follows_each_request():
     assert len(pairs) == len(recs) - 1 and all(s.request_id == int(r.request_id[1:]) for r, s in pairs)
     with pytest.raises(ValueError, match="metric must be ttft or tpot"):
         paired_error(recs, same, "e2e")
+
+
+def test_refit_front_end_on_run_recovers_a_delay_outside_the_engine():
+    """A run whose requests each reach the engine 25 ms after they are sent (a busy front end):
+    the prefill-quiet requests give the delay back, the prefill and decode rows stay the probe's,
+    and the replay with the fit reproduces every request's TTFT and its token gaps; the scale
+    refit instead stretches prefill compute."""
+    from pdlab.simreal.calibrate import refit_front_end_on_run, refit_prefill_on_run
+    from pdlab.workloads import Request
+
+    rng = np.random.default_rng(1)
+    arrivals = np.cumsum(rng.exponential(1 / 2.0, 80))
+    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
+    live = simulate_like_live(reqs, "colocated", TRUE, front_end_s=0.025)
+    base = simulate_like_live(reqs, "colocated", TRUE)
+    assert all(a.ttft_s > b.ttft_s for a, b in zip(live, base, strict=True))
+    fitted = refit_front_end_on_run(TRUE, live, "colocated")
+    assert fitted.meta["front_end_s"] == pytest.approx(0.025, abs=1e-6)
+    assert fitted.prefill == TRUE.prefill and fitted.decode == TRUE.decode
+    again = simulate_like_live(reqs, "colocated", fitted)            # read from meta
+    assert [r.ttft_s for r in again] == pytest.approx([r.ttft_s for r in live], abs=1e-9)
+    assert refit_prefill_on_run(TRUE, live, "colocated").meta["fit"]["prefill"]["scale"] > 1.05
+    with pytest.raises(ValueError, match="front_end_s"):
+        simulate_like_live(reqs, "colocated", TRUE, front_end_s=-0.01)
+    with pytest.raises(ValueError, match="met no prefill queue"):
+        refit_front_end_on_run(TRUE, live[:2], "colocated", min_requests=3)
+
+
+def test_refit_decode_contention_on_run_measures_the_decode_roles_slowdown_while_prefill_works():
+    """A pair whose decode steps take 1 + c as long while the prefill role works: the run's busy
+    gaps over its quiet gaps give c back (the probe's value is kept in meta["fit"]); a run with
+    too few gaps of either kind cannot be refitted."""
+    from pdlab.simreal.calibrate import refit_decode_contention_on_run
+    from pdlab.workloads import Request
+
+    rng = np.random.default_rng(2)
+    arrivals = np.cumsum(rng.exponential(1 / 8.0, 150))
+    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
+    probe = FittedLatency(TRUE.prefill, TRUE.decode, meta={"cpu_contention": {"prefill": 0.2, "decode": 0.5}})
+    for c in (0.0, 0.1, 0.3):
+        recs = simulate_like_live(reqs, "disaggregated", TRUE, cpu_contention={"prefill": 0.0, "decode": c})
+        fitted = refit_decode_contention_on_run(probe, recs)
+        assert fitted.meta["cpu_contention"]["decode"] == pytest.approx(c, abs=1e-3)
+        assert fitted.meta["cpu_contention"]["prefill"] == 0.2 and fitted.meta["fit"]["contention_probe"] == 0.5
+        assert build_sim("disaggregated", fitted).specs[1].cpu_contention == pytest.approx(c, abs=1e-3)
+    with pytest.raises(ValueError, match="quiet and busy gaps"):
+        refit_decode_contention_on_run(probe, recs[:3])

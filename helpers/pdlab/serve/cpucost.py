@@ -11,12 +11,12 @@ the course found NIXL's progress thread polling with a zero timeout (docs/LIVE_L
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["CPUMeter", "ProcessCPU", "ThreadCPU", "tree_processes", "tree_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu",
+__all__ = ["CPUMeter", "ProcessCPU", "ThreadCPU", "tree_processes", "tree_cpu_seconds", "own_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu",
            "nixl_agent_idle_cpu"]
 
 
@@ -64,6 +64,19 @@ def tree_cpu_seconds(pid: int) -> dict[int, float]:
         except psutil.NoSuchProcess:
             continue
     return out
+
+
+def own_cpu_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds (user + system) so far of exactly ``pids``, all their threads and none of their
+    child processes (a vLLM API server without its engine core); a process that is gone counts 0."""
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
 
 
 class CPUMeter:

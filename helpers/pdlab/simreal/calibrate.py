@@ -67,14 +67,17 @@ __all__ = [
     "live_ttft_phases",
     "sim_ttft_phases",
     "offered_prefill_load",
+    "rate_for_load",
     "decode_steps_vs_model",
     "run_decode_points",
     "fit_decode_joint",
     "refit_decode_on_run",
     "quiet_step_ratio",
+    "refit_decode_contention_on_run",
     "step_ratio_windows",
     "prefill_quiet_requests",
     "refit_prefill_on_run",
+    "refit_front_end_on_run",
     "ERROR_COLUMNS",
 ]
 
@@ -391,25 +394,41 @@ def requests_from_records(records: Sequence[RequestRecord], *, use_server_tokens
     return out
 
 
-def simulate_like_live(requests: Sequence[Request], mode: str, latency: FittedLatency, **kwargs: Any
-                       ) -> list[RequestRecord]:
+def simulate_like_live(requests: Sequence[Request], mode: str, latency: FittedLatency, *,
+                       front_end_s: float | None = None, **kwargs: Any) -> list[RequestRecord]:
     """Simulate ``requests`` in the set-up ``mode`` (see :func:`build_sim`, same keywords).
 
     Disaggregated: vLLM's proxy protocol — the prefill instance's token is discarded and decode
     generates all ``output_tokens``; each request is simulated with one more output token and its
     first token time is that of the first decode step (the token the client sees first).
+
+    ``front_end_s`` (default: ``latency.meta["front_end_s"]``, else 0): seconds each request spends
+    before it reaches the engine that the engine does not spend (HTTP, tokenisation, the front
+    end's event loop busy streaming other requests' tokens; :func:`refit_front_end_on_run`). The
+    request reaches the simulated engine that much after it was sent, and its TTFT counts from
+    the send.
     """
+    if front_end_s is None:
+        front_end_s = float(latency.meta.get("front_end_s", 0.0))
+    if front_end_s < 0:
+        raise ValueError(f"front_end_s must be >= 0, got {front_end_s}")
+    sent = {}
+    if front_end_s:
+        sent = {r.request_id: r.arrival_s for r in requests}
+        requests = [replace(r, arrival_s=r.arrival_s + front_end_s) for r in requests]
     sim = build_sim(mode, latency, **kwargs)
-    if mode == "colocated":
-        return sim.run(list(requests)).records
-    padded = [replace(r, output_tokens=r.output_tokens + 1) for r in requests]
+    extra = 1 if mode == "disaggregated" else 0
     out = []
-    for rec, req in zip(sim.run(padded).records, padded, strict=True):
-        times = list(rec.token_times_s or [])
-        if rec.ok and len(times) >= 2:
-            rec = replace(rec, first_token_s=times[1], token_times_s=times[1:], output_tokens=req.output_tokens - 1)
-        else:
-            rec = replace(rec, output_tokens=req.output_tokens - 1)
+    for rec, req in zip(sim.run([replace(r, output_tokens=r.output_tokens + 1) for r in requests] if extra
+                                else list(requests)).records, requests, strict=True):
+        if extra:
+            times = list(rec.token_times_s or [])
+            if rec.ok and len(times) >= 2:
+                rec = replace(rec, first_token_s=times[1], token_times_s=times[1:], output_tokens=req.output_tokens)
+            else:
+                rec = replace(rec, output_tokens=req.output_tokens)
+        if front_end_s:
+            rec = replace(rec, arrival_s=sent[req.request_id])
         out.append(rec)
     return out
 
@@ -538,6 +557,20 @@ def offered_prefill_load(requests: Sequence[Request], latency: FittedLatency) ->
         raise ValueError("all requests arrive at once: no arrival span")
     n = len(requests)
     return sum(latency.prefill_time_s([r.prompt_tokens]) for r in requests) * (n - 1) / n / span
+
+
+def rate_for_load(requests: Sequence[Request], latency: FittedLatency, load: float) -> float:
+    """Arrival rate (req/s) at which ``requests``' prompts offer ``load`` to one server with
+    ``latency``: ``load`` ÷ their mean isolated prefill time (s). Rates set this way put a fast and
+    a slow machine, or a CPU and a GPU, at the same point of their queueing curve
+    (:func:`offered_prefill_load` of the run comes out near ``load``). Raises ValueError for no
+    requests or a load outside (0, 1)."""
+    if not requests:
+        raise ValueError("rate_for_load needs at least one request")
+    if not 0 < load < 1:
+        raise ValueError(f"load must be in (0, 1): at 1 or more the queue grows without bound, got {load}")
+    mean_s = float(np.mean([latency.prefill_time_s([r.prompt_tokens]) for r in requests]))
+    return load / mean_s
 
 
 def _run_step_gaps(records: Sequence[RequestRecord]) -> list[tuple[int, int, float, bool]]:
@@ -684,6 +717,29 @@ def step_ratio_windows(records: Sequence[RequestRecord], latency: FittedLatency,
     return out
 
 
+def refit_decode_contention_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *,
+                                   min_gaps: int = 50) -> FittedLatency:
+    """``latency`` with the decode row of its ``cpu_contention`` measured on a live run of a
+    prefill/decode pair: the median live ÷ fitted step of the gaps while some request waits for
+    its first token (a prefill or a hand-off under way) over that of the quiet gaps
+    (:func:`_run_step_gaps`), minus 1, never below 0. The contention probe times decode while the
+    prefill role runs prompts back to back, a busier prefill core than a workload's; the run
+    measures what the decode role actually loses while prefill works. Stored in
+    ``meta["cpu_contention"]["decode"]`` (the probe's value in ``meta["fit"]["contention_probe"]``);
+    raises ValueError with fewer than ``min_gaps`` gaps of either kind."""
+    rows = [(gap / latency.step_time_s(0, 0.0, b, ctx), quiet) for b, ctx, gap, quiet in _run_step_gaps(records)]
+    quiet = [x for x, q in rows if q]
+    busy = [x for x, q in rows if not q]
+    if min(len(quiet), len(busy)) < min_gaps:
+        raise ValueError(f"need >= {min_gaps} quiet and busy gaps, the run has {len(quiet)} and {len(busy)}")
+    c_d = max(0.0, float(np.median(busy) / np.median(quiet)) - 1.0)
+    meta = dict(latency.meta)
+    probe = dict(meta.get("cpu_contention") or {"prefill": 0.0, "decode": 0.0})
+    meta["fit"] = {**meta.get("fit", {}), "contention_probe": probe.get("decode")}
+    meta["cpu_contention"] = {**probe, "decode": c_d}
+    return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
+
+
 def quiet_step_ratio(records: Sequence[RequestRecord], latency: FittedLatency) -> float:
     """One number for "does the decode model hold on this run": the median live ÷ fitted step time
     of each batch range's quiet steps (:func:`decode_steps_vs_model`), averaged with the ranges'
@@ -700,6 +756,34 @@ def prefill_quiet_requests(records: Sequence[RequestRecord]) -> list[RequestReco
     ok = [r for r in records if r.ok and r.first_token_s is not None]
     return [r for r in ok if not any(o is not r and o.arrival_s < r.first_token_s and o.first_token_s > r.arrival_s
                                      for o in ok)]
+
+
+def refit_front_end_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
+                           min_requests: int = 3, **sim_kwargs: Any) -> FittedLatency:
+    """``latency`` with a front-end delay fitted on a live run: the median, over the run's
+    prefill-quiet requests (:func:`prefill_quiet_requests`), of live TTFT − the TTFT the run's
+    replay (:func:`simulate_like_live`, ``mode`` and ``sim_kwargs``) gives them, stored as
+    ``meta["front_end_s"]`` (never below 0). The prefill row stays the probe's: what a loaded
+    server adds before a quiet request's first token is a fixed delay outside the engine (its
+    front end serves the other requests' streams meanwhile), not slower prefill compute, so it
+    delays that request alone and no other request's steps. ``meta["fit"]["front_end"]`` records
+    the delay and how many requests set it. Raises ValueError with fewer than ``min_requests``
+    quiet requests."""
+    live = sorted((r for r in records if r.ok and r.first_token_s is not None), key=lambda r: r.arrival_s)
+    quiet = {id(r) for r in prefill_quiet_requests(live)}
+    if len(quiet) < min_requests:
+        raise ValueError(f"need >= {min_requests} requests that met no prefill queue, the run has {len(quiet)}")
+    sims = simulate_like_live(requests_from_records(live), mode, latency, front_end_s=0.0, **sim_kwargs)
+    gaps = [r.ttft_s - sim.ttft_s for r, sim in replay_pairs(live, sims) if id(r) in quiet]
+    if len(gaps) < min_requests:
+        raise ValueError(f"need >= {min_requests} replayed quiet requests, got {len(gaps)}")
+    delay = max(0.0, float(np.median(gaps)))
+    meta = dict(latency.meta)
+    meta["fit"] = {**meta.get("fit", {}), "front_end": {
+        "delay_s": delay, "requests": len(gaps),
+        "source": "live run, TTFT − replayed TTFT of requests that met no prefill queue"}}
+    meta["front_end_s"] = delay
+    return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
 
 
 def refit_prefill_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
