@@ -10,7 +10,7 @@ import time
 
 import pytest
 from pdlab.process import listening_sockets, parse_cpu_list, pin_threads, pinned, spawn
-from pdlab.serve.cpucost import busiest_threads, format_cpu, measure_cpu
+from pdlab.serve.cpucost import busiest_threads, format_cpu, machine_cpu_seconds, measure_cpu, own_cpu_seconds
 from pdlab.serve.evidence import MetricsSnapshot
 from pdlab.serve.ttft import (
     COLOCATED_PARTS,
@@ -50,6 +50,25 @@ def test_measure_cpu_tells_a_spinning_process_from_a_sleeping_one():
         busy.wait(), idle.wait()
     with pytest.raises(ValueError, match="window_s"):
         measure_cpu({}, 0)
+
+
+def test_own_and_machine_cpu_seconds_count_a_spinning_child():
+    """own_cpu_seconds counts exactly the given processes (a parent without its spinning child);
+    the machine's busy seconds grow by at least what the child spun; a vanished PID counts 0."""
+    busy = _child(BUSY)
+    try:
+        me, machine0 = own_cpu_seconds([os.getpid()]), machine_cpu_seconds()
+        child0 = own_cpu_seconds([busy.pid])
+        time.sleep(1.0)
+        spun = own_cpu_seconds([busy.pid]) - child0
+        busy1, steal1 = machine_cpu_seconds()
+        assert spun > 0.03
+        assert own_cpu_seconds([os.getpid()]) - me < spun          # the sleeping parent, children excluded
+        assert busy1 - machine0[0] >= 0.5 * spun and steal1 >= machine0[1] >= 0
+    finally:
+        busy.kill()
+        busy.wait()
+    assert own_cpu_seconds([busy.pid]) == 0.0
 
 
 @pytest.mark.parametrize("spec, cpus", [("0", {0}), ("0-1", {0, 1}), ("0,2-3", {0, 2, 3})])

@@ -10,13 +10,14 @@ the course found NIXL's progress thread polling with a zero timeout (docs/LIVE_L
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["CPUMeter", "ProcessCPU", "ThreadCPU", "tree_processes", "tree_cpu_seconds", "own_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu",
+__all__ = ["CPUMeter", "ProcessCPU", "ThreadCPU", "tree_processes", "tree_cpu_seconds", "own_cpu_seconds", "machine_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu",
            "nixl_agent_idle_cpu"]
 
 
@@ -77,6 +78,21 @@ def own_cpu_seconds(pids: Iterable[int]) -> float:
             continue
         total += t.user + t.system
     return total
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(busy, steal) CPU seconds so far of the whole machine, all cores (``/proc/stat``): busy =
+    user + nice + system + irq + softirq; steal = time the hypervisor ran something else on this
+    machine's virtual CPUs. Differences over a run tell what else the machine was doing; (0, 0)
+    where ``/proc/stat`` does not exist."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
+    return (user + nice + system + irq + softirq) / tick, steal / tick
 
 
 class CPUMeter:
