@@ -6,6 +6,9 @@ the server's Python front end, its ``VLLM::EngineCore`` and ``VLLM::Worker`` chi
 window, and report it as a fraction of one core (``1.0`` = one core busy the whole window).
 :func:`busiest_threads` names the threads behind it (``/proc/PID/task/TID/comm``), which is how
 the course found NIXL's progress thread polling with a zero timeout (docs/LIVE_LABS.md).
+:func:`own_cpu_seconds` counts given processes without their children (front ends without their
+engines); :func:`machine_cpu_seconds` the whole machine's busy time and the time its hypervisor
+took (steal).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["CPUMeter", "ProcessCPU", "ThreadCPU", "tree_processes", "tree_cpu_seconds", "own_cpu_seconds", "machine_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu",
-           "nixl_agent_idle_cpu"]
+__all__ = ["CPUMeter", "ProcessCPU", "ThreadCPU", "tree_processes", "tree_cpu_seconds", "own_cpu_seconds",
+           "machine_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu", "nixl_agent_idle_cpu"]
 
 
 @dataclass(frozen=True)
