@@ -38,7 +38,7 @@ from pdlab.paths import build_dir
 from pdlab.process import free_port, pinned
 from pdlab.serve import colocated
 from pdlab.serve.bench import build_workload, run_bench
-from pdlab.serve.cpucost import tree_processes
+from pdlab.serve.cpucost import machine_cpu_seconds, tree_processes
 from pdlab.serve.modelbuild import build_model
 
 
@@ -62,9 +62,7 @@ class Sampler(threading.Thread):
                     total += t.user + t.system
             out[role] = total
         # the whole machine (/proc/stat, all cores): busy time, and time the hypervisor gave our vCPUs to others
-        f = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
-        out["machine busy"] = (f[0] + f[1] + f[2] + f[5] + f[6]) / os.sysconf("SC_CLK_TCK")
-        out["steal"] = f[7] / os.sysconf("SC_CLK_TCK")
+        out["machine busy"], out["steal"] = machine_cpu_seconds()
         return out
 
     def run(self) -> None:

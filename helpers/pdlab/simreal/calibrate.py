@@ -417,11 +417,11 @@ def simulate_like_live(requests: Sequence[Request], mode: str, latency: FittedLa
         sent = {r.request_id: r.arrival_s for r in requests}
         requests = [replace(r, arrival_s=r.arrival_s + front_end_s) for r in requests]
     sim = build_sim(mode, latency, **kwargs)
-    extra = 1 if mode == "disaggregated" else 0
+    padded = mode == "disaggregated"      # decode generates every token the client sees
+    runs = [replace(r, output_tokens=r.output_tokens + 1) for r in requests] if padded else list(requests)
     out = []
-    for rec, req in zip(sim.run([replace(r, output_tokens=r.output_tokens + 1) for r in requests] if extra
-                                else list(requests)).records, requests, strict=True):
-        if extra:
+    for rec, req in zip(sim.run(runs).records, requests, strict=True):
+        if padded:
             times = list(rec.token_times_s or [])
             if rec.ok and len(times) >= 2:
                 rec = replace(rec, first_token_s=times[1], token_times_s=times[1:], output_tokens=req.output_tokens)
@@ -758,6 +758,19 @@ def prefill_quiet_requests(records: Sequence[RequestRecord]) -> list[RequestReco
                                      for o in ok)]
 
 
+def _quiet_replay_pairs(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, min_requests: int,
+                        **sim_kwargs: Any) -> list[tuple[RequestRecord, RequestRecord]]:
+    """(live, replayed) pairs of a run's prefill-quiet requests (:func:`prefill_quiet_requests`),
+    the whole run replayed with :func:`simulate_like_live` (``mode``, ``sim_kwargs``). Raises
+    ValueError with fewer than ``min_requests`` quiet requests."""
+    live = sorted((r for r in records if r.ok and r.first_token_s is not None), key=lambda r: r.arrival_s)
+    quiet = {id(r) for r in prefill_quiet_requests(live)}
+    if len(quiet) < min_requests:
+        raise ValueError(f"need >= {min_requests} requests that met no prefill queue, the run has {len(quiet)}")
+    sims = simulate_like_live(requests_from_records(live), mode, latency, **sim_kwargs)
+    return [(r, sim) for r, sim in replay_pairs(live, sims) if id(r) in quiet]
+
+
 def refit_front_end_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
                            min_requests: int = 3, **sim_kwargs: Any) -> FittedLatency:
     """``latency`` with a front-end delay fitted on a live run: the median, over the run's
@@ -769,12 +782,8 @@ def refit_front_end_on_run(latency: FittedLatency, records: Sequence[RequestReco
     delays that request alone and no other request's steps. ``meta["fit"]["front_end"]`` records
     the delay and how many requests set it. Raises ValueError with fewer than ``min_requests``
     quiet requests."""
-    live = sorted((r for r in records if r.ok and r.first_token_s is not None), key=lambda r: r.arrival_s)
-    quiet = {id(r) for r in prefill_quiet_requests(live)}
-    if len(quiet) < min_requests:
-        raise ValueError(f"need >= {min_requests} requests that met no prefill queue, the run has {len(quiet)}")
-    sims = simulate_like_live(requests_from_records(live), mode, latency, front_end_s=0.0, **sim_kwargs)
-    gaps = [r.ttft_s - sim.ttft_s for r, sim in replay_pairs(live, sims) if id(r) in quiet]
+    pairs = _quiet_replay_pairs(latency, records, mode, min_requests, front_end_s=0.0, **sim_kwargs)
+    gaps = [r.ttft_s - sim.ttft_s for r, sim in pairs]
     if len(gaps) < min_requests:
         raise ValueError(f"need >= {min_requests} replayed quiet requests, got {len(gaps)}")
     delay = max(0.0, float(np.median(gaps)))
@@ -795,12 +804,8 @@ def refit_prefill_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     whatever the workload adds to every prefill (front ends, proxy, the other role on the cores).
     ``meta["fit"]["prefill"]`` records the scale and how many requests set it, ``"prefill_probe"``
     the probe's fit. Raises ValueError with fewer than ``min_requests`` quiet requests."""
-    live = sorted((r for r in records if r.ok and r.first_token_s is not None), key=lambda r: r.arrival_s)
-    quiet = {id(r) for r in prefill_quiet_requests(live)}
-    if len(quiet) < min_requests:
-        raise ValueError(f"need >= {min_requests} requests that met no prefill queue, the run has {len(quiet)}")
-    sims = simulate_like_live(requests_from_records(live), mode, latency, **sim_kwargs)
-    ratios = [r.ttft_s / sim.ttft_s for r, sim in replay_pairs(live, sims) if id(r) in quiet and sim.ttft_s]
+    pairs = _quiet_replay_pairs(latency, records, mode, min_requests, **sim_kwargs)
+    ratios = [r.ttft_s / sim.ttft_s for r, sim in pairs if sim.ttft_s]
     if len(ratios) < min_requests:
         raise ValueError(f"need >= {min_requests} replayed quiet requests, got {len(ratios)}")
     scale = float(np.median(ratios))
