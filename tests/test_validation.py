@@ -6,6 +6,7 @@ from pdlab.metrics import RequestRecord
 from pdlab.simreal.validation import (
     cdf_overlay,
     compare_samples,
+    interval_verdict,
     ks_test,
     mape,
     mape_summary,
@@ -93,3 +94,17 @@ def test_compare_samples_row_and_cdf_overlay():
     assert [t.name for t in fig.data] == ["simulated", "measured"]
     assert fig.data[0].y[-1] == pytest.approx(1.0) and fig.layout.xaxis.title.text == "TTFT (ms)"
     assert max(fig.data[1].x) == pytest.approx(1000 * REAL.max())
+
+
+def test_interval_verdict_reads_the_whole_interval():
+    assert interval_verdict(0.90, 1.10) == "met"                       # the bounds themselves are inside
+    assert interval_verdict(1.11, 1.30) == "missed"
+    assert interval_verdict(0.50, 0.89) == "missed"
+    assert interval_verdict(0.95, 1.12) == "unresolved"                # a point estimate inside, interval not
+    assert interval_verdict(0.80, 1.20) == "unresolved"                # straddles both bounds
+    assert interval_verdict(float("nan"), 1.0) == "unresolved"
+    assert interval_verdict(0.96, 1.04, bound=0.03) == "unresolved"
+    with pytest.raises(ValueError, match="bound"):
+        interval_verdict(0.9, 1.0, bound=1.5)
+    with pytest.raises(ValueError, match="low end"):
+        interval_verdict(1.1, 0.9)

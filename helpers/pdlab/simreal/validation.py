@@ -41,6 +41,7 @@ __all__ = [
     "mape",
     "ks_test",
     "tost_median_ratio",
+    "interval_verdict",
     "compare_samples",
     "validation_table",
     "mape_summary",
@@ -135,6 +136,26 @@ def tost_median_ratio(sim: Sequence[float], real: Sequence[float], *, margin: fl
     p = max(p_lower, p_upper)
     return TostResult(float(np.median(s) / np.median(r)), ci_low, ci_high, p_lower, p_upper, p,
                       bool(lo_b < ci_low and ci_high < hi_b), margin, alpha, n_boot)
+
+
+def interval_verdict(lo: float, hi: float, *, bound: float = 0.10) -> str:
+    """``met``, ``missed`` or ``unresolved``: a ratio's interval [``lo``, ``hi``] against [1 − bound, 1 + bound].
+
+    ``met`` when the whole interval lies inside, ``missed`` when it lies wholly outside, and
+    ``unresolved`` when it straddles a bound (more samples would decide) or is not finite.
+
+    >>> interval_verdict(0.95, 1.04), interval_verdict(0.80, 0.88), interval_verdict(0.85, 1.02)
+    ('met', 'missed', 'unresolved')
+    """
+    if not 0 < bound < 1:
+        raise ValueError(f"bound must be in (0, 1), got {bound}")
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "unresolved"
+    if lo > hi:
+        raise ValueError(f"interval [{lo}, {hi}] has its low end above its high end")
+    if 1 - bound <= lo and hi <= 1 + bound:
+        return "met"
+    return "missed" if hi < 1 - bound or lo > 1 + bound else "unresolved"
 
 
 def compare_samples(sim: Sequence[float], real: Sequence[float], *, margin: float = 0.10, alpha: float = 0.05,
