@@ -57,3 +57,18 @@ def test_requests_with_one_token_have_no_tpot():
     s = ClientSamples.from_records([r])
     assert s.tpot_s.size == 0 and math.isnan(s.burst_share) and s.ttft_s.tolist() == [0.01]
     assert np.isnan(compare_clients(s, s)[1]["pdlab_ms"])
+
+
+def test_vllm_bench_serve_is_asked_for_pdlab_bench_sampling():
+    """vLLM 0.32's ``vllm bench serve`` sends no temperature unless told (the server's default then
+    samples at random); the agreement check passes pdlab bench's own, so both time the same work."""
+    from pdlab.serve.agreement import PDLAB_TEMPERATURE, _vllm_bench_argv
+    from pdlab.serve.bench import ClientOptions
+
+    assert PDLAB_TEMPERATURE == ClientOptions().payload("m", "p", 4)["temperature"] == 0.0
+    kw = dict(model="m", tokenizer="t", input_len=8, output_len=4, num_prompts=2, rate_rps=None,
+              max_concurrency=1, seed=0, warmups=0, name="argv-test")
+    argv, _ = _vllm_bench_argv("http://127.0.0.1:1", **kw)
+    assert argv[argv.index("--temperature") + 1] == "0"
+    argv, _ = _vllm_bench_argv("http://127.0.0.1:1", temperature=None, **kw)
+    assert "--temperature" not in argv

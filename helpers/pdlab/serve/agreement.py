@@ -15,6 +15,12 @@ What makes two clients disagree on a small shared machine, and what this module 
   milliseconds). :func:`compare_clients` counts these *burst gaps* for each client, so a
   disagreement names its cause. ``vllm bench serve`` gets warm-up requests (``--num-warmups``).
 - **Few requests**: every median comes with a bootstrap interval of the two clients' ratio.
+- **Different requests**: ``vllm bench serve`` no longer sends ``temperature`` unless told
+  (``vllm/benchmarks/serve.py``, vLLM 0.32: "no longer sets temperature==0 (greedy)"), so the
+  server's default applies (1.0 for the course's model: random sampling, a softmax and a draw per
+  token), while ``pdlab bench`` asks for greedy decoding (``temperature`` 0). The check passes
+  ``--temperature`` with pdlab's value (:data:`PDLAB_TEMPERATURE`), so both clients time the
+  same sampling.
 
 Per-request values of ``vllm bench serve`` come from its ``--save-detailed`` result
 (``ttfts``, ``itls``, ``latencies``, ``output_lens``; ``vllm/benchmarks/serve.py``, vLLM 0.32).
@@ -37,12 +43,17 @@ from pdlab.paths import build_dir
 from pdlab.serve.bench import BenchResult, ClientOptions, build_workload, run_bench
 from pdlab.workloads import Request
 
-__all__ = ["BURST_GAP_S", "ClientSamples", "vllm_bench_serve", "merge_vllm_results", "side_by_side_with_vllm_bench", "compare_clients",
+__all__ = ["BURST_GAP_S", "PDLAB_TEMPERATURE", "ClientSamples", "vllm_bench_serve", "merge_vllm_results", "side_by_side_with_vllm_bench", "compare_clients",
            "compare_medians"]
 
 #: An inter-token gap shorter than this (seconds) means two tokens were read in one go: no decode
 #: step of any engine is this short, so the client read the stream late.
 BURST_GAP_S = 5e-4
+
+#: The sampling temperature ``pdlab bench`` requests, read from its own request body
+#: (:meth:`pdlab.serve.bench.ClientOptions.payload`; greedy). The agreement check gives
+#: ``vllm bench serve`` the same.
+PDLAB_TEMPERATURE: float = ClientOptions().payload("model", "prompt", 1)["temperature"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,8 @@ def vllm_bench_serve(url: str, *, model: str, tokenizer: str | Path, input_len: 
                      name: str = "vllm-bench") -> dict[str, Any]:
     """Run ``vllm bench serve`` (random dataset, fixed lengths, ``--ignore-eos``) against ``url``.
 
+    It asks for pdlab bench's sampling (``--temperature`` :data:`PDLAB_TEMPERATURE`).
+
     Returns vLLM's detailed result JSON (``median_ttft_ms``, ``ttfts``, ``itls``, ...) plus
     ``command`` and ``seconds`` (wall time of the whole process, start-up included).
     """
@@ -103,7 +116,7 @@ def vllm_bench_serve(url: str, *, model: str, tokenizer: str | Path, input_len: 
 
 def _vllm_bench_argv(url: str, *, model: str, tokenizer: str | Path, input_len: int, output_len: int,
                      num_prompts: int, rate_rps: float | None, max_concurrency: int | None, seed: int,
-                     warmups: int, name: str) -> tuple[list[str], Path]:
+                     warmups: int, name: str, temperature: float | None = PDLAB_TEMPERATURE) -> tuple[list[str], Path]:
     out = build_dir() / "bench"
     out.mkdir(parents=True, exist_ok=True)
     result_file = f"{name}.json"
@@ -120,6 +133,8 @@ def _vllm_bench_argv(url: str, *, model: str, tokenizer: str | Path, input_len: 
         argv += ["--max-concurrency", str(max_concurrency)]
     if warmups:
         argv += ["--num-warmups", str(warmups)]
+    if temperature is not None:
+        argv += ["--temperature", f"{temperature:g}"]
     return argv, out / result_file
 
 
