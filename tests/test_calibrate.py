@@ -622,3 +622,30 @@ def test_refit_decode_contention_on_run_measures_the_decode_roles_slowdown_while
         assert build_sim("disaggregated", fitted).specs[1].cpu_contention == pytest.approx(c, abs=1e-3)
     with pytest.raises(ValueError, match="quiet and busy gaps"):
         refit_decode_contention_on_run(probe, recs[:3])
+
+
+def test_refit_handoff_on_run_recovers_the_hand_off_level_and_the_prefill_roles_contention():
+    """A pair whose live hand-off takes 10 ms and whose prefill steps take 1.15× while the decode
+    role streams, fitted from a probe that said 25 ms and 0.34: the run's prefill-quiet requests
+    give both back (idle decode → the hand-off, busy → the contention), the probe's values stay in
+    meta["fit"]; a part with too few requests keeps the probe's value."""
+    from pdlab.simreal.calibrate import refit_handoff_on_run
+    from pdlab.workloads import Request
+
+    rng = np.random.default_rng(3)
+    arrivals = np.cumsum(rng.exponential(1 / 2.0, 120))
+    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(8, 48))) for i, a in enumerate(arrivals)]
+    meta = {"kv_link": {"latency_s": 0.010, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.15, "decode": 0.05}}
+    live = simulate_like_live(reqs, "disaggregated", FittedLatency(TRUE.prefill, TRUE.decode, meta=meta))
+    probe = FittedLatency(TRUE.prefill, TRUE.decode, meta={"kv_link": {"latency_s": 0.025, "s_per_token": 2e-6},
+                                                            "cpu_contention": {"prefill": 0.34, "decode": 0.05}})
+    fitted = refit_handoff_on_run(probe, live)
+    assert fitted.meta["kv_link"]["latency_s"] == pytest.approx(0.010, abs=1e-3)
+    assert fitted.meta["kv_link"]["s_per_token"] == 2e-6
+    assert fitted.meta["cpu_contention"] == pytest.approx({"prefill": 0.15, "decode": 0.05}, abs=0.02)
+    info = fitted.meta["fit"]["handoff"]
+    assert info["latency_probe_s"] == 0.025 and info["prefill_contention_probe"] == 0.34
+    assert info["idle_requests"] >= 3 and info["busy_requests"] >= 3
+    assert fitted.prefill == probe.prefill and fitted.decode == probe.decode
+    few = refit_handoff_on_run(probe, live, min_requests=10_000)     # neither part has enough requests
+    assert few.meta["kv_link"]["latency_s"] == 0.025 and few.meta["cpu_contention"]["prefill"] == 0.34

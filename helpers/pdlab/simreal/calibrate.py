@@ -78,6 +78,7 @@ __all__ = [
     "prefill_quiet_requests",
     "refit_prefill_on_run",
     "refit_front_end_on_run",
+    "refit_handoff_on_run",
     "ERROR_COLUMNS",
 ]
 
@@ -792,6 +793,55 @@ def refit_front_end_on_run(latency: FittedLatency, records: Sequence[RequestReco
         "delay_s": delay, "requests": len(gaps),
         "source": "live run, TTFT − replayed TTFT of requests that met no prefill queue"}}
     meta["front_end_s"] = delay
+    return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
+
+
+def _decode_busy_while_waiting(r: RequestRecord, records: Sequence[RequestRecord]) -> bool:
+    """Whether another request of ``records`` streamed tokens (first token given, not finished)
+    at some moment while ``r`` waited for its first token."""
+    return any(o is not r and o.ok and o.first_token_s is not None and o.first_token_s < r.first_token_s
+               and o.finish_s > r.arrival_s for o in records)
+
+
+def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *, min_requests: int = 3,
+                         **sim_kwargs: Any) -> FittedLatency:
+    """``latency`` (a prefill/decode pair's) with its hand-off level and its prefill role's
+    contention measured on a live run. The run is replayed (:func:`simulate_like_live`) with no
+    prefill contention; of its prefill-quiet requests (:func:`prefill_quiet_requests`):
+
+    - those during whose wait no other request streamed (the decode role idle) set the
+      hand-off's fixed latency: the probe's ``kv_link.latency_s`` plus the median of live −
+      replayed TTFT (never below 0). The hand-off probe fits a few prompt lengths through the
+      proxy; these requests see the same path under the workload;
+    - those during whose wait another request streamed set ``cpu_contention["prefill"]``: the
+      median of (live − replayed TTFT − that shift) ÷ the request's fitted prefill time (never
+      below 0). The contention probe measures it with many streams decoding at once; the run,
+      with the workload's own.
+
+    A part with fewer than ``min_requests`` requests keeps the probe's value.
+    ``meta["fit"]["handoff"]`` records both values, the probe's, and how many requests set each.
+    """
+    cal = Calibration.from_latency(latency)
+    link = cal.kv_link or LinkFit(0.0, 0.0)
+    probe_cont = dict(latency.meta.get("cpu_contention") or {"prefill": 0.0, "decode": 0.0})
+    no_cp = FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp,
+                          meta={**latency.meta, "cpu_contention": {**probe_cont, "prefill": 0.0}})
+    pairs = _quiet_replay_pairs(no_cp, records, "disaggregated", 1, front_end_s=0.0, **sim_kwargs)
+    ok = [r for r in records if r.ok and r.first_token_s is not None]
+    idle = [(r, s) for r, s in pairs if not _decode_busy_while_waiting(r, ok)]
+    busy = [(r, s) for r, s in pairs if _decode_busy_while_waiting(r, ok)]
+    shift = float(np.median([r.ttft_s - s.ttft_s for r, s in idle])) if len(idle) >= min_requests else 0.0
+    c_p = probe_cont.get("prefill", 0.0)
+    if len(busy) >= min_requests:
+        c_p = max(0.0, float(np.median([(r.ttft_s - s.ttft_s - shift) / latency.prefill_time_s([server_prompt_tokens(r)])
+                                        for r, s in busy])))
+    meta = dict(latency.meta)
+    meta["kv_link"] = {**link.to_dict(), "latency_s": max(0.0, link.latency_s + shift)}
+    meta["cpu_contention"] = {**probe_cont, "prefill": c_p}
+    meta["fit"] = {**meta.get("fit", {}), "handoff": {
+        "latency_s": meta["kv_link"]["latency_s"], "latency_probe_s": link.latency_s, "idle_requests": len(idle),
+        "prefill_contention": c_p, "prefill_contention_probe": probe_cont.get("prefill", 0.0),
+        "busy_requests": len(busy), "source": "live run, TTFT − replayed TTFT of requests that met no prefill queue"}}
     return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
 
 
