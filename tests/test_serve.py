@@ -26,6 +26,7 @@ from pdlab.process import (
     PortInUseError,
     ServerStartError,
     check_port_free,
+    ephemeral_ports,
     free_port,
     live_processes,
     spawn,
@@ -473,7 +474,8 @@ def test_disaggregated_places_servers_from_role_placements_and_ports():
     with pytest.raises(ValueError, match="ports collide"):   # the second prefill server would take decode's port
         disaggregated("m", device="cpu", prefill=RolePlacement(2), ports=DeployPorts(prefill=8100, decode=8101))
     free = DeployPorts.free()
-    assert all(0 < p < 65536 for p in (free.proxy, free.prefill, free.decode, free.side_channel))
+    pre, dec, side = free.layout(8, 8)   # eight servers of each role fit without a collision
+    assert all(p not in ephemeral_ports() and 0 < p < 65536 for p in [free.proxy, *pre, *dec, *side])
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
@@ -537,6 +539,28 @@ def test_port_in_use_is_a_clear_error_before_anything_starts(tmp_path):
         with pytest.raises(PortInUseError):
             start_proxy(["http://127.0.0.1:1"], ["http://127.0.0.1:2"], port=port, log_dir=tmp_path)
     assert live_processes() == []
+
+
+def test_free_ports_lie_outside_the_ephemeral_range_so_no_engine_started_first_takes_them():
+    """CI once lost a 1P1D fixture: the decode's NIXL side channel, picked with bind(0), was an ephemeral
+    port, and the prefill engine started first had taken it. free_port now picks blocks outside that range."""
+    eph = ephemeral_ports()
+    for _ in range(50):
+        first = free_port(count=33)
+        block = range(first, first + 33)
+        assert not set(block) & set(eph) and block.stop <= 65536
+        for port in block:
+            check_port_free(port)
+    assert free_port(lowest=65535) == 65535   # the only candidate, while free ...
+    with socket.socket() as sock:             # ... is never returned once a listener holds it
+        sock.bind(("127.0.0.1", 65535))
+        sock.listen(1)
+        with pytest.raises(RuntimeError, match="after 5 tries"):
+            free_port(lowest=65535, tries=5)
+    with pytest.raises(RuntimeError, match="no block of 70000 ports"):
+        free_port(count=70000)
+    with pytest.raises(ValueError, match="count must be at least 1"):
+        free_port(count=0)
 
 
 def test_a_server_that_fails_to_start_is_reported_with_its_log(tmp_path):

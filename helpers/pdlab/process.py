@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -32,6 +33,7 @@ __all__ = [
     "stop_all",
     "live_processes",
     "check_port_free",
+    "ephemeral_ports",
     "free_port",
     "tail",
     "parse_cpu_list",
@@ -80,11 +82,46 @@ def check_port_free(port: int, host: str = "127.0.0.1", what: str = "server") ->
             raise
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def ephemeral_ports() -> range:
+    """The kernel's ephemeral TCP port range: where ``bind(port 0)`` and every outgoing connection take
+    their local port (``/proc/sys/net/ipv4/ip_local_port_range``; Linux's default 32768-60999 elsewhere)."""
+    try:
+        lo, hi = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999
+    return range(lo, hi + 1)
+
+
+def _bindable(port: int, host: str) -> bool:
+    try:
+        check_port_free(port, host)
+    except (PortInUseError, OSError):
+        return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1", count: int = 1, *, lowest: int = 10000, tries: int = 500) -> int:
+    """The first of ``count`` consecutive TCP ports that are free on ``host`` right now.
+
+    The block lies outside the kernel's :func:`ephemeral_ports`, at or above ``lowest``: a port the OS
+    picked with ``bind(0)`` is an ephemeral one, and a server started between the pick and the bind
+    (a vLLM engine's ZMQ sockets, any outgoing connection) can take it first. Chosen at random, so two
+    callers rarely pick the same block. RuntimeError when ``tries`` random blocks were all taken.
+    """
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    eph = ephemeral_ports()
+    starts = [*range(lowest, eph.start - count + 1), *range(max(lowest, eph.stop), 65536 - count + 1)]
+    if not starts:
+        raise RuntimeError(f"no block of {count} ports at or above {lowest} lies outside the ephemeral range "
+                           f"{eph.start}-{eph.stop - 1}")
+    rng = random.SystemRandom()
+    for _ in range(tries):
+        first = rng.choice(starts)
+        if all(_bindable(port, host) for port in range(first, first + count)):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports on {host} outside the ephemeral range "
+                       f"{eph.start}-{eph.stop - 1} after {tries} tries")
 
 
 def _pdeathsig() -> None:  # runs in the child between fork and exec

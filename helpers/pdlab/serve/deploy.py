@@ -311,9 +311,14 @@ class DeployPorts:
         return pre, dec, side
 
     @classmethod
-    def free(cls) -> DeployPorts:
-        """One port for each that the OS reports free right now (tests and notebooks, beside other servers)."""
-        return cls(proxy=free_port(), prefill=free_port(), decode=free_port(), side_channel=free_port())
+    def free(cls, max_per_role: int = 8) -> DeployPorts:
+        """Ports that are free right now for up to ``max_per_role`` servers of each role (tests and notebooks,
+        beside other servers): one block of consecutive free ports outside the ephemeral range
+        (:func:`~pdlab.process.free_port`), so the second server's ports are free too and no engine
+        started first can take them."""
+        first = free_port(count=1 + 4 * max_per_role)
+        return cls(proxy=first, prefill=first + 1, decode=first + 1 + max_per_role,
+                   side_channel=first + 1 + 2 * max_per_role)
 
 
 @dataclass(frozen=True)
