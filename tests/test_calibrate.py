@@ -647,5 +647,13 @@ def test_refit_handoff_on_run_recovers_the_hand_off_level_and_the_prefill_roles_
     assert info["latency_probe_s"] == 0.025 and info["prefill_contention_probe"] == 0.34
     assert info["idle_requests"] >= 3 and info["busy_requests"] >= 3
     assert fitted.prefill == probe.prefill and fitted.decode == probe.decode
+    assert info["prefill_contention_run"] == pytest.approx(0.15, abs=0.02)
     few = refit_handoff_on_run(probe, live, min_requests=10_000)     # neither part has enough requests
     assert few.meta["kv_link"]["latency_s"] == 0.025 and few.meta["cpu_contention"]["prefill"] == 0.34
+    assert few.meta["fit"]["handoff"]["prefill_contention_run"] is None
+    # a probe that saw less contention than the run caps the run's value (unless told not to)
+    low = FittedLatency(TRUE.prefill, TRUE.decode, meta={**probe.meta, "cpu_contention": {"prefill": 0.08, "decode": 0.05}})
+    capped = refit_handoff_on_run(low, live)
+    assert capped.meta["cpu_contention"]["prefill"] == 0.08
+    assert capped.meta["fit"]["handoff"]["prefill_contention_run"] == pytest.approx(0.15, abs=0.02)
+    assert refit_handoff_on_run(low, live, cap_at_probe=False).meta["cpu_contention"]["prefill"] == pytest.approx(0.15, abs=0.02)

@@ -804,7 +804,7 @@ def _decode_busy_while_waiting(r: RequestRecord, records: Sequence[RequestRecord
 
 
 def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *, min_requests: int = 3,
-                         **sim_kwargs: Any) -> FittedLatency:
+                         cap_at_probe: bool = True, **sim_kwargs: Any) -> FittedLatency:
     """``latency`` (a prefill/decode pair's) with its hand-off level and its prefill role's
     contention measured on a live run. The run is replayed (:func:`simulate_like_live`) with no
     prefill contention; of its prefill-quiet requests (:func:`prefill_quiet_requests`):
@@ -816,10 +816,14 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     - those during whose wait another request streamed set ``cpu_contention["prefill"]``: the
       median of (live − replayed TTFT − that shift) ÷ the request's fitted prefill time (never
       below 0). The contention probe measures it with many streams decoding at once; the run,
-      with the workload's own.
+      with the workload's own. With ``cap_at_probe`` the run's value is at most the probe's: the
+      probe's streams are the heaviest decode load the fit knows, so a larger slowdown on the run
+      is not the decode role's (at a high rate, the front ends' growing share of the prefill core)
+      and, charged per decoding stream, would not transfer to other rates.
 
     A part with fewer than ``min_requests`` requests keeps the probe's value.
-    ``meta["fit"]["handoff"]`` records both values, the probe's, and how many requests set each.
+    ``meta["fit"]["handoff"]`` records both values, the probe's, the run's contention before the
+    cap (None when too few requests set it), and how many requests set each.
     """
     cal = Calibration.from_latency(latency)
     link = cal.kv_link or LinkFit(0.0, 0.0)
@@ -831,16 +835,18 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     idle = [(r, s) for r, s in pairs if not _decode_busy_while_waiting(r, ok)]
     busy = [(r, s) for r, s in pairs if _decode_busy_while_waiting(r, ok)]
     shift = float(np.median([r.ttft_s - s.ttft_s for r, s in idle])) if len(idle) >= min_requests else 0.0
-    c_p = probe_cont.get("prefill", 0.0)
+    c_p = probe_c_p = probe_cont.get("prefill", 0.0)
+    run_c_p = None
     if len(busy) >= min_requests:
-        c_p = max(0.0, float(np.median([(r.ttft_s - s.ttft_s - shift) / latency.prefill_time_s([server_prompt_tokens(r)])
-                                        for r, s in busy])))
+        run_c_p = max(0.0, float(np.median([(r.ttft_s - s.ttft_s - shift) / latency.prefill_time_s([server_prompt_tokens(r)])
+                                            for r, s in busy])))
+        c_p = min(run_c_p, probe_c_p) if cap_at_probe else run_c_p
     meta = dict(latency.meta)
     meta["kv_link"] = {**link.to_dict(), "latency_s": max(0.0, link.latency_s + shift)}
     meta["cpu_contention"] = {**probe_cont, "prefill": c_p}
     meta["fit"] = {**meta.get("fit", {}), "handoff": {
         "latency_s": meta["kv_link"]["latency_s"], "latency_probe_s": link.latency_s, "idle_requests": len(idle),
-        "prefill_contention": c_p, "prefill_contention_probe": probe_cont.get("prefill", 0.0),
+        "prefill_contention": c_p, "prefill_contention_probe": probe_c_p, "prefill_contention_run": run_c_p,
         "busy_requests": len(busy), "source": "live run, TTFT − replayed TTFT of requests that met no prefill queue"}}
     return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
 
