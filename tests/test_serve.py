@@ -561,6 +561,8 @@ def test_free_ports_lie_outside_the_ephemeral_range_so_no_engine_started_first_t
         free_port(count=70000)
     with pytest.raises(ValueError, match="count must be at least 1"):
         free_port(count=0)
+    with pytest.raises(OSError, match="Cannot assign requested address"):   # a host not on this machine: at once
+        free_port("192.0.2.1")
 
 
 def test_a_server_that_fails_to_start_is_reported_with_its_log(tmp_path):

@@ -95,7 +95,7 @@ def ephemeral_ports() -> range:
 def _bindable(port: int, host: str) -> bool:
     try:
         check_port_free(port, host)
-    except (PortInUseError, OSError):
+    except PortInUseError:
         return False
     return True
 
