@@ -31,7 +31,7 @@ import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, percentiles, slo_attainment, summarize
 from pdlab.serve.admission import PrefillModel, replay_admission
-from pdlab.serve.evidence import scrape_metrics
+from pdlab.serve.evidence import prefix_cache_hit_share, scrape_metrics
 from pdlab.workloads import Request
 
 __all__ = ["REJECTED", "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff",
@@ -182,6 +182,7 @@ class OverloadRow:
     peak_engine_rss_gib: float
     peak_proxy_rss_gib: float
     peak_kv_usage: float
+    prefix_cache_hit_share: float
     wall_s: float
 
     def as_dict(self) -> dict[str, Any]:
@@ -209,11 +210,14 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     from pdlab.serve.bench import ClientOptions, run_bench
 
     roots = {s.spec.role: s.process.pid for s in dep.servers}
+    before = dep.metrics_by_role()
     t0 = time.monotonic()
     with ResourceSampler({**roots, "proxy": dep.proxy.pid}, [s.url for s in dep.servers]) as res_meter:
         res = run_bench(dep.url, requests, slo=slo, client=ClientOptions(request_timeout_s=request_timeout_s),
                         progress=False, seed=seed)
     wall = time.monotonic() - t0
+    after = dep.metrics_by_role()
+    hit_shares = [prefix_cache_hit_share(before[role], after[role]) for role in after]
     recs = res.records
     rejected = {r.request_id for r in recs if is_rejected(r)}
     admitted = [r for r in recs if r.request_id not in rejected]
@@ -239,6 +243,7 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
                       decisions_agree=sum(agree) / len(agree),
                       peak_engine_rss_gib=sum(v for k, v in res_meter.peak_rss_gib.items() if k != "proxy"),
                       peak_proxy_rss_gib=res_meter.peak_rss_gib["proxy"], peak_kv_usage=res_meter.peak_kv_usage,
+                      prefix_cache_hit_share=max((h for h in hit_shares if h == h), default=float("nan")),
                       wall_s=wall)
     return row, recs
 
@@ -268,17 +273,19 @@ def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: S
     """Each load (× ``capacity_rps``) for ``duration_s`` through ``dep``'s proxy with and without early
     rejection (``admission``). The two designs alternate which goes first from one load to the next
     (drift of the machine falls on both); both get the same arrivals and prompt lengths at a load
-    (``workload(rate, n)``). The proxy is restarted for each run and left without admission."""
+    (``workload(rate, n)``) but each run its own prompt text (seed ``seed + 2·load index + k``), so
+    the design that runs second does not find the first one's prompts in the prefix caches. The
+    proxy is restarted for each run and left without admission."""
     designs = {"early rejection": admission.proxy_args(slo.ttft_s), "no admission": []}
     out = []
     try:
         for i, x in enumerate(loads):
             rate = x * capacity_rps
             requests = workload(rate, max(4, int(round(rate * duration_s))))
-            for design in (list(designs) if i % 2 == 0 else list(designs)[::-1]):
+            for k, design in enumerate(list(designs) if i % 2 == 0 else list(designs)[::-1]):
                 dep.restart_proxy(designs[design])
                 out.append(overload_run(dep, requests, slo, design=design, load_x=x, rate_rps=rate,
-                                        model=admission.model, handoff_s=admission.handoff_s, seed=seed + i,
+                                        model=admission.model, handoff_s=admission.handoff_s, seed=seed + 2 * i + k,
                                         request_timeout_s=request_timeout_s, headroom=admission.headroom))
     finally:
         dep.restart_proxy()
