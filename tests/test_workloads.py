@@ -11,6 +11,7 @@ from pdlab.workloads import (
     read_mooncake_jsonl,
     read_sharegpt_lengths,
     scale_rate,
+    stratified_rows,
     synthetic_requests,
 )
 
@@ -56,6 +57,34 @@ def test_sharegpt_lengths_and_bad_csv(tmp_path):
     bad.write_text("num_prefill_tokens,num_decode_tokens\n10,20\nx,3\n")
     with pytest.raises(TraceFormatError, match=r"l\.csv:3:"):
         read_sharegpt_lengths(bad)
+
+
+def test_stratified_sharegpt_covers_prompt_lengths_evenly_and_keeps_pairs():
+    table = read_sharegpt_lengths()
+    n = 60
+    reqs = synthetic_requests(n, 1.0, lengths="sharegpt-stratified", seed=0)
+    prompts = np.array([r.prompt_tokens for r in reqs])
+    rows = stratified_rows(table, n, np.random.default_rng(1))   # what seed 0 draws (its lengths use seed + 1)
+    assert prompts.tolist() == table[rows, 0].tolist()
+    # one row from each of n equal strata of the rows sorted by prompt length
+    position = np.empty(len(table), dtype=np.int64)
+    position[np.argsort(table[:, 0], kind="stable")] = np.arange(len(table))
+    edges = np.linspace(0, len(table), n + 1).astype(np.int64)
+    assert sorted((np.searchsorted(edges, position[rows], side="right") - 1).tolist()) == list(range(n))
+    assert not np.all(np.diff(prompts) >= 0), "stratified requests must arrive in random order, not by length"
+    pairs = {tuple(row) for row in table.tolist()}
+    assert all((r.prompt_tokens, r.output_tokens) in pairs for r in reqs), "a prompt lost its own output length"
+    assert [r.prompt_tokens for r in named_workload("sharegpt-stratified", n, 1.0, 0)] == prompts.tolist()
+    # the largest gap between neighbours in the middle third: a plain random sample leaves wider ones
+    mid = lambda p: np.diff(np.sort(p)[n // 3: 2 * n // 3]).max()  # noqa: E731
+    plain = [mid([r.prompt_tokens for r in synthetic_requests(n, 1.0, lengths="sharegpt", seed=s)]) for s in range(20)]
+    strat = [mid([r.prompt_tokens for r in synthetic_requests(n, 1.0, lengths="sharegpt-stratified", seed=s)])
+             for s in range(20)]
+    assert np.median(strat) < 0.6 * np.median(plain)
+    with pytest.raises(ValueError, match="stratify"):
+        stratified_rows(table[:5], 6, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="sharegpt-stratified"):
+        synthetic_requests(3, 1.0, lengths="lmsys", seed=0)
 
 
 def test_arrivals_rate_seed_and_burstiness():

@@ -19,6 +19,7 @@ __all__ = [
     "gamma_arrivals",
     "make_requests",
     "synthetic_requests",
+    "stratified_rows",
     "scale_rate",
     "with_rate",
     "named_workload",
@@ -62,22 +63,43 @@ def make_requests(arrivals_s: Sequence[float], prompt_tokens: Sequence[int] | in
     return [Request(i, float(a), int(pi), int(oi)) for i, (a, pi, oi) in enumerate(zip(arrivals_s, p, o, strict=False))]
 
 
+def stratified_rows(table: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Row indices of ``n`` draws from ``table``, one uniformly at random from each of ``n`` equal
+    strata of its first column (sorted), in random order.
+
+    Stratified sampling: the sample covers the distribution of the first column evenly, so
+    neighbouring values near any quantile lie about one stratum apart. A plain random sample of
+    60 ShareGPT conversations can leave a 33 % gap in prompt length right at the median, and then
+    the median TTFT jumps by that gap when one request changes sides.
+    """
+    if not 1 <= n <= len(table):
+        raise ValueError(f"need 1 ≤ n ≤ {len(table)} rows to stratify, got {n}")
+    order = np.argsort(table[:, 0], kind="stable")
+    edges = np.linspace(0, len(table), n + 1).astype(np.int64)
+    picks = order[rng.integers(edges[:-1], edges[1:])]
+    return rng.permutation(picks)
+
+
 def synthetic_requests(n: int, rate_rps: float, *, prompt_tokens: int | Sequence[int] | None = None,
                        output_tokens: int | Sequence[int] | None = None, lengths: str | None = None,
                        arrival: str = "poisson", cv: float = 1.0, seed: int = 0) -> list[Request]:
     """``n`` requests at ``rate_rps`` with Poisson (``arrival="poisson"``) or gamma arrivals.
 
-    Lengths: fixed (``prompt_tokens=512, output_tokens=64``), given per request, or sampled with
-    replacement from ``lengths="sharegpt"`` (DistServe's chatbot workload).
+    Lengths: fixed (``prompt_tokens=512, output_tokens=64``), given per request, or (prompt, output)
+    pairs of ShareGPT conversations (DistServe's chatbot workload): ``lengths="sharegpt"`` samples
+    them with replacement, ``"sharegpt-stratified"`` one from each of ``n`` equal strata of prompt
+    length (:func:`stratified_rows`; medians of short runs move less between runs).
     """
     if arrival not in ("poisson", "gamma"):
         raise ValueError(f"arrival must be poisson or gamma, got {arrival!r}")
     arrivals = gamma_arrivals(rate_rps, n, cv=cv if arrival == "gamma" else 1.0, seed=seed)
     if lengths is not None:
-        if lengths != "sharegpt":
-            raise ValueError(f"unknown lengths source {lengths!r}; known: sharegpt")
+        if lengths not in ("sharegpt", "sharegpt-stratified"):
+            raise ValueError(f"unknown lengths source {lengths!r}; known: sharegpt, sharegpt-stratified")
         table = read_sharegpt_lengths()
-        idx = np.random.default_rng(seed + 1).integers(0, len(table), size=n)
+        rng = np.random.default_rng(seed + 1)
+        idx = stratified_rows(table, n, rng) if lengths == "sharegpt-stratified" else \
+            rng.integers(0, len(table), size=n)
         prompt_tokens, output_tokens = table[idx, 0], table[idx, 1]
     if prompt_tokens is None or output_tokens is None:
         raise ValueError("give prompt_tokens and output_tokens, or lengths='sharegpt'")
@@ -99,8 +121,10 @@ def with_rate(requests: Sequence[Request], rate_rps: float, *, seed: int = 0, ar
     return [replace(r, request_id=i, arrival_s=float(a)) for i, (r, a) in enumerate(zip(requests, arrivals, strict=False))]
 
 
-def _sharegpt(n: int, rate: float, seed: int) -> list[Request]:
-    return synthetic_requests(n, rate, lengths="sharegpt", seed=seed)
+def _sharegpt(stratified: bool) -> Callable[[int, float, int], list[Request]]:
+    def gen(n: int, rate: float, seed: int) -> list[Request]:
+        return synthetic_requests(n, rate, lengths="sharegpt-stratified" if stratified else "sharegpt", seed=seed)
+    return gen
 
 
 def _fixed(prompt: int, output: int) -> Callable[[int, float, int], list[Request]]:
@@ -120,7 +144,8 @@ def _mooncake(name: str) -> Callable[[int, float, int], list[Request]]:
 #: Named workloads for ``pdlab place --workload``: ``f(n, rate_rps, seed) -> list[Request]``
 #: (lengths from the source, Poisson arrivals at the rate).
 WORKLOADS: dict[str, Callable[[int, float, int], list[Request]]] = {
-    "sharegpt": _sharegpt,
+    "sharegpt": _sharegpt(False),
+    "sharegpt-stratified": _sharegpt(True),
     "fixed-512-64": _fixed(512, 64),
     "mooncake-conversation": _mooncake("conversation"),
     "mooncake-synthetic": _mooncake("synthetic"),
