@@ -14,7 +14,7 @@ def register(sub: Subcommands) -> None:
     p = sub.add_parser("bench", help="benchmark a live server (async streaming client)", description=__doc__)
     p.add_argument("--url", required=True, help="server or proxy base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--workload", default="fixed-256-64",
-                   help="interference | fixed-P-O | sharegpt | mooncake-conversation | mooncake-synthetic")
+                   help="interference | fixed-P-O | sharegpt | sharegpt-stratified | mooncake-conversation | mooncake-synthetic")
     p.add_argument("--rate", type=float, required=True, help="mean request rate, requests/s")
     p.add_argument("--duration", type=float, help="seconds of arrivals (requests = rate × duration)")
     p.add_argument("--num-requests", type=int, help="number of requests (instead of --duration)")

@@ -28,7 +28,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--nodes", type=int, required=True, help="number of nodes N")
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node M")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", help="sharegpt, fixed-512-64, fixed-P-O, mooncake-conversation, mooncake-synthetic")
+    src.add_argument("--workload", help="sharegpt, sharegpt-stratified, fixed-512-64, fixed-P-O, mooncake-conversation, mooncake-synthetic")
     src.add_argument("--trace", help="Mooncake JSONL trace whose lengths are sampled")
     add_slo_arguments(p, required=True)
     p.add_argument("--attainment", type=float, default=0.9, help="SLO attainment goal (default 0.9)")
