@@ -250,10 +250,14 @@ def test_pdlab_bench_and_vllm_bench_serve_side_by_side(deployment):
     assert theirs["completed"] == 8 and ours.summary["completed"] == 8 and ours.summary["failed"] == 0
     assert len(theirs["ttfts"]) == 8 and len(theirs["itls"]) == 8
     # Median ITL is the robust per-token figure: on this 1-core server an occasional ~1 s stall
-    # lands in a few requests' TPOT (a mean of gaps) whichever client sent them; lab 01 checks
-    # TTFT and TPOT on the 2-core colocated server.
+    # lands in a few requests' TPOT (a mean of gaps) whichever client sent them. This test only
+    # catches a client that times tokens *differently* (a chunk counted as one token, a unit slip):
+    # those are off by 2× or more. How closely the two agree is a measurement, not a test: 8 requests
+    # per client a few seconds apart moved 36% on a day the VM drifted by ±30% (benchmarks/
+    # machine_steadiness.py), so lab 01 measures it over 4 interleaved rounds with 90% intervals.
     itl = next(r for r in rows if r["metric"] == "median ITL")
-    assert itl["rel_diff"] < 0.3, "the two clients time tokens differently"
+    ratio = itl["pdlab_ms"] / itl["vllm_bench_ms"]
+    assert 0.5 < ratio < 2.0, f"the two clients time tokens differently: median ITL ratio {ratio:.2f}"
 
 
 def test_no_expired_or_invalid_kv_lease_in_the_logs(deployment):
