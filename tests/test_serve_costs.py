@@ -17,6 +17,7 @@ from pdlab.serve.ttft import (
     DISAGG_PARTS,
     EngineTimes,
     colocated_breakdown,
+    combine_breakdowns,
     disaggregated_breakdown,
     engine_times,
 )
@@ -208,3 +209,20 @@ def test_colocated_breakdown_parts():
     assert tuple(b.parts) == COLOCATED_PARTS
     assert b.parts["front end"] == pytest.approx(0.005) and b.parts["engine overhead"] == pytest.approx(0.006)
     assert b.accounted_s == pytest.approx(0.055) and b.consistent
+
+
+def test_breakdowns_of_one_run_in_blocks_combine_weighted_by_requests():
+    def block(queue_s: float, client_s: float):
+        return colocated_breakdown(EngineTimes(1, queue_s=queue_s, prefill_s=0.040, decode_s=0.3, ttft_s=0.040 + queue_s,
+                                               e2e_s=0.35, kv_transfer_s=0.0, kv_transfers=0), client_ttft_s=client_s)
+    # 30 requests with 10 ms of queue, 10 with 50 ms: the run's mean queue is (30·10 + 10·50) / 40 = 20 ms
+    whole = combine_breakdowns([block(0.010, 0.055), block(0.050, 0.095)], [30, 10])
+    assert whole.parts["queue"] == pytest.approx(0.020) and whole.client_ttft_s == pytest.approx(0.065)
+    assert whole.accounted_s == pytest.approx(whole.client_ttft_s) and tuple(whole.parts) == COLOCATED_PARTS
+    with pytest.raises(ValueError, match="positive total weight"):
+        combine_breakdowns([block(0.01, 0.05)], [0])
+    proxy = {"own_s": 0.001, "prefill_leg_s": 0.05, "decode_first_s": 0.02, "ttft_s": 0.07}
+    pair = disaggregated_breakdown(EngineTimes(1, 0.0, 0.04, 0.0, 0.04, 0.04, 0.0, 0),
+                                   EngineTimes(1, 0.0, 0.01, 0.1, 0.01, 0.1, 0.002, 1), proxy, client_ttft_s=0.07)
+    with pytest.raises(ValueError, match="same parts"):
+        combine_breakdowns([block(0.01, 0.05), pair], [1, 1])

@@ -5,12 +5,14 @@ import pytest
 from pdlab.workloads import (
     TraceFormatError,
     gamma_arrivals,
+    mirrored_order,
     mooncake_trace_path,
     named_workload,
     poisson_arrivals,
     read_mooncake_jsonl,
     read_sharegpt_lengths,
     scale_rate,
+    split_blocks,
     stratified_rows,
     synthetic_requests,
 )
@@ -85,6 +87,38 @@ def test_stratified_sharegpt_covers_prompt_lengths_evenly_and_keeps_pairs():
         stratified_rows(table[:5], 6, np.random.default_rng(0))
     with pytest.raises(ValueError, match="sharegpt-stratified"):
         synthetic_requests(3, 1.0, lengths="lmsys", seed=0)
+
+
+def test_mirrored_order_puts_every_rate_at_the_same_mean_position():
+    assert mirrored_order(3) == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1)]
+    for levels, blocks in ((3, 2), (4, 4), (1, 2)):
+        order = mirrored_order(levels, blocks)
+        assert sorted(order) == [(lvl, b) for lvl in range(levels) for b in range(blocks)]
+        # a drift linear in time (drift = position) adds the same to every level
+        means = [np.mean([pos for pos, (x, _) in enumerate(order) if x == lvl]) for lvl in range(levels)]
+        assert max(means) - min(means) == pytest.approx(0.0)
+    assert mirrored_order(3, 1) == [(0, 0), (1, 0), (2, 0)]
+    with pytest.raises(ValueError, match="at least one level"):
+        mirrored_order(0)
+
+
+def test_split_blocks_keeps_the_length_mix_ids_and_rate_of_each_block():
+    reqs = named_workload("sharegpt-stratified", 60, 1.0, seed=3)
+    parts = split_blocks(reqs, 2, 2.0, seed=7)
+    assert [len(p) for p in parts] == [30, 30]
+    assert sorted(r.request_id for p in parts for r in p) == sorted(r.request_id for r in reqs)  # each once, ids unique
+    by_id = {r.request_id: r for r in reqs}
+    assert all((r.prompt_tokens, r.output_tokens) == (by_id[r.request_id].prompt_tokens, by_id[r.request_id].output_tokens)
+               for p in parts for r in p)
+    # alternate ranks of prompt length: the blocks' sorted lengths interleave (a0 ≤ b0 ≤ a1 ≤ b1 …)
+    a, b = (sorted(r.prompt_tokens for r in p) for p in parts)
+    assert all(x <= y for x, y in zip(a, b, strict=True)) and all(y <= x for y, x in zip(b, a[1:], strict=False))
+    for k, p in enumerate(parts):   # each block keeps the requests' order, with its own arrivals seeded seed + k
+        ids = {r.request_id for r in p}
+        assert [r.request_id for r in p] == [r.request_id for r in reqs if r.request_id in ids]
+        assert np.allclose([r.arrival_s for r in p], poisson_arrivals(2.0, 30, seed=7 + k))
+    with pytest.raises(ValueError, match="blocks"):
+        split_blocks(reqs[:2], 3, 1.0)
 
 
 def test_arrivals_rate_seed_and_burstiness():

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 from pdlab.serve.evidence import MetricsSnapshot, scrape_metrics
 
-__all__ = ["DISAGG_PARTS", "COLOCATED_PARTS", "TTFTBreakdown", "EngineTimes", "engine_times",
+__all__ = ["DISAGG_PARTS", "COLOCATED_PARTS", "TTFTBreakdown", "combine_breakdowns", "EngineTimes", "engine_times",
            "disaggregated_breakdown", "colocated_breakdown", "mean_breakdown", "probe_breakdowns",
            "proxy_timings", "streamed_ttft", "BreakdownWindow"]
 
@@ -121,6 +121,22 @@ class TTFTBreakdown:
         parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in self.parts.items())
         return (f"{self.deployment}: client TTFT {self.client_ttft_s * 1e3:.1f} ms = {parts} ms "
                 f"(sum {self.accounted_s * 1e3:.1f} ms, gap {self.rel_gap:+.1%})")
+
+
+def combine_breakdowns(breakdowns: Sequence[TTFTBreakdown], weights: Sequence[float]) -> TTFTBreakdown:
+    """The weighted mean of breakdowns of one deployment with the same parts: one run measured in
+    several windows (the blocks of :mod:`pdlab.workloads.blocks`), each weighted by its number of
+    requests, is the breakdown of the whole run."""
+    if not breakdowns or len(breakdowns) != len(weights) or sum(weights) <= 0:
+        raise ValueError(f"need breakdowns with positive total weight, got {len(breakdowns)} and weights {list(weights)}")
+    keys = list(breakdowns[0].parts)
+    if any(list(b.parts) != keys for b in breakdowns):
+        raise ValueError("breakdowns to combine must have the same parts")
+    w = [x / sum(weights) for x in weights]
+    first = breakdowns[0]
+    return TTFTBreakdown(first.deployment, sum(wi * b.client_ttft_s for wi, b in zip(w, breakdowns, strict=True)),
+                         {k: sum(wi * b.parts[k] for wi, b in zip(w, breakdowns, strict=True)) for k in keys},
+                         first.tolerance, first.negative_slack_s, [n for b in breakdowns for n in b.notes])
 
 
 def disaggregated_breakdown(prefill: EngineTimes, decode: EngineTimes, proxy: dict[str, float],
