@@ -475,6 +475,18 @@ def test_quiet_step_ratio_is_one_for_the_true_model_and_halves_for_a_model_twice
     assert quiet_step_ratio(recs, slow) == pytest.approx(0.5, rel=0.02)
 
 
+def test_quiet_ttft_ratio_is_one_for_the_true_model_and_above_one_for_a_fast_prefill_row():
+    """A run that follows TRUE: its unqueued requests' TTFT is TRUE's replay of them (ratio 1);
+    against a prefill row half TRUE's, the live TTFT is longer than the replay's; an empty run is NaN."""
+    from pdlab.simreal.calibrate import quiet_ttft_ratio
+
+    recs = _varied_run(TRUE)
+    assert quiet_ttft_ratio(TRUE, recs, "colocated") == pytest.approx(1.0, abs=1e-9)
+    fast = FittedLatency(tuple(0.5 * c for c in TRUE.prefill), TRUE.decode)
+    assert 1.3 < quiet_ttft_ratio(fast, recs, "colocated") < 2.01
+    assert np.isnan(quiet_ttft_ratio(TRUE, [], "colocated"))
+
+
 def test_refit_prefill_on_run_brings_a_slow_probe_fit_to_the_runs_level():
     """A run that follows TRUE, replayed with a prefill row 1.5× TRUE's: the prefill-quiet requests
     set a scale near 1/1.5, which brings the row back to TRUE's; decode and meta are kept."""

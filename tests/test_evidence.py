@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from pdlab.serve.evidence import MetricsSnapshot, prefix_cache_hit_share
+from pdlab.serve.evidence import MetricsSnapshot, largest_hit_share, prefix_cache_hit_share
 
 
 def _snapshot(prompt: float, hit: float, compute: float) -> MetricsSnapshot:
@@ -26,3 +26,10 @@ def test_cold_run_has_zero_and_no_traffic_is_nan():
     before = _snapshot(100, 0, 100)
     assert prefix_cache_hit_share(before, _snapshot(600, 0, 600)) == 0.0
     assert math.isnan(prefix_cache_hit_share(before, before))
+
+
+def test_largest_hit_share_is_the_warmest_server_and_idle_servers_do_not_count():
+    before = {"p": _snapshot(100, 0, 100), "d": _snapshot(100, 0, 100), "idle": _snapshot(50, 0, 50)}
+    after = {"p": _snapshot(1100, 0, 1100), "d": _snapshot(1100, 300, 800), "idle": _snapshot(50, 0, 50)}
+    assert largest_hit_share(before, after) == pytest.approx(0.3)
+    assert math.isnan(largest_hit_share({"idle": before["idle"]}, {"idle": after["idle"]}))

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = ["parse_prometheus", "scrape_metrics", "MetricsSnapshot", "KVTransferEvidence", "kv_transfer_evidence",
-           "prefix_cache_hit_share"]
+           "prefix_cache_hit_share", "largest_hit_share"]
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
     """Parse the Prometheus text exposition format into ``(name, labels, value)`` samples.
@@ -157,3 +158,11 @@ def prefix_cache_hit_share(before: MetricsSnapshot, after: MetricsSnapshot) -> f
     src = "vllm:prompt_tokens_by_source_total"
     hits = after.total(src, source="local_cache_hit") - before.total(src, source="local_cache_hit")
     return hits / prompt if prompt > 0 else float("nan")
+
+
+def largest_hit_share(before: Mapping[str, MetricsSnapshot], after: Mapping[str, MetricsSnapshot]) -> float:
+    """The largest :func:`prefix_cache_hit_share` of any server (or role) between two sets of
+    snapshots keyed alike (by URL or role): one number for "did this run meet warm caches".
+    NaN when no server received a prompt token."""
+    shares = [prefix_cache_hit_share(before[k], after[k]) for k in after]
+    return max((h for h in shares if h == h), default=float("nan"))

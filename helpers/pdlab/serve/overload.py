@@ -31,7 +31,7 @@ import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, percentiles, slo_attainment, summarize
 from pdlab.serve.admission import PrefillModel, replay_admission
-from pdlab.serve.evidence import prefix_cache_hit_share, scrape_metrics
+from pdlab.serve.evidence import largest_hit_share, scrape_metrics
 from pdlab.workloads import Request
 
 __all__ = ["REJECTED", "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff",
@@ -217,7 +217,6 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
                         progress=False, seed=seed)
     wall = time.monotonic() - t0
     after = dep.metrics_by_role()
-    hit_shares = [prefix_cache_hit_share(before[role], after[role]) for role in after]
     recs = res.records
     rejected = {r.request_id for r in recs if is_rejected(r)}
     admitted = [r for r in recs if r.request_id not in rejected]
@@ -243,7 +242,7 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
                       decisions_agree=sum(agree) / len(agree),
                       peak_engine_rss_gib=sum(v for k, v in res_meter.peak_rss_gib.items() if k != "proxy"),
                       peak_proxy_rss_gib=res_meter.peak_rss_gib["proxy"], peak_kv_usage=res_meter.peak_kv_usage,
-                      prefix_cache_hit_share=max((h for h in hit_shares if h == h), default=float("nan")),
+                      prefix_cache_hit_share=largest_hit_share(before, after),
                       wall_s=wall)
     return row, recs
 

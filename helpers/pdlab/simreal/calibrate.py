@@ -73,6 +73,7 @@ __all__ = [
     "fit_decode_joint",
     "refit_decode_on_run",
     "quiet_step_ratio",
+    "quiet_ttft_ratio",
     "refit_decode_contention_on_run",
     "step_ratio_windows",
     "prefill_quiet_requests",
@@ -749,6 +750,19 @@ def quiet_step_ratio(records: Sequence[RequestRecord], latency: FittedLatency) -
     if not rows:
         return float("nan")
     return float(np.average([r["live / fitted, quiet"] for r in rows], weights=[r["quiet gaps"] for r in rows]))
+
+
+def quiet_ttft_ratio(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, **sim_kwargs: Any) -> float:
+    """The prefill side's counterpart of :func:`quiet_step_ratio`: the median, over the run's
+    requests that met no prefill queue (:func:`prefill_quiet_requests`), of live TTFT ÷ the TTFT
+    the run's replay gives them (:func:`simulate_like_live`, ``mode`` and ``sim_kwargs``).
+    1.0 = the fit holds for an unqueued request; NaN when the run has none."""
+    try:
+        pairs = _quiet_replay_pairs(latency, records, mode, 1, **sim_kwargs)
+    except ValueError:   # no request met an empty queue
+        return float("nan")
+    ratios = [r.ttft_s / sim.ttft_s for r, sim in pairs if sim.ttft_s and sim.ttft_s > 0]
+    return float(np.median(ratios)) if ratios else float("nan")
 
 
 def prefill_quiet_requests(records: Sequence[RequestRecord]) -> list[RequestRecord]:
