@@ -817,3 +817,28 @@ def test_serve_cli_parses_placements_and_reports_a_taken_port(tmp_path, capsys):
     assert code == 2
     assert f"port {port}" in capsys.readouterr().err
     assert live_processes() == []
+
+
+def test_cpu_servers_preload_tcmalloc_where_installed_and_keep_a_given_preload(tmp_path, monkeypatch):
+    """vLLM's CPU backend asks for tcmalloc in LD_PRELOAD; the wheel from PyPI does not bundle it.
+    A CPU server gets the installed one in front of any LD_PRELOAD it inherits; a preload that already
+    names a tcmalloc, ``tcmalloc=False`` and GPU servers are left alone; no library, no preload."""
+    from pdlab import hardware
+
+    lib = tmp_path / "libtcmalloc_minimal.so.4"
+    lib.write_bytes(b"")
+    (tmp_path / "libtcmalloc_minimal.so.4.5.10").write_bytes(b"")
+    assert hardware.tcmalloc_library((str(tmp_path / "none"), str(tmp_path))) == str(lib), "the short name, found in the second folder"
+    assert hardware.tcmalloc_library((str(tmp_path / "none"),)) is None
+    monkeypatch.setattr(hardware, "tcmalloc_library", lambda dirs=None: str(lib))
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    spec = dict(model="m", role="colocated", port=8200)
+    assert VLLMServerSpec(device="cpu", **spec).env()["LD_PRELOAD"] == str(lib)
+    monkeypatch.setenv("LD_PRELOAD", "/x/libfoo.so")
+    assert VLLMServerSpec(device="cpu", **spec).env()["LD_PRELOAD"] == f"{lib}:/x/libfoo.so", "inherited preloads are kept, after it"
+    assert VLLMServerSpec(device="cpu", extra_env={"LD_PRELOAD": "/y/libtcmalloc.so"}, **spec).env()["LD_PRELOAD"] == "/y/libtcmalloc.so"
+    assert "LD_PRELOAD" not in VLLMServerSpec(device="cpu", tcmalloc=False, **spec).env()
+    assert "LD_PRELOAD" not in VLLMServerSpec(device="cuda", **spec).env()
+    monkeypatch.setattr(hardware, "tcmalloc_library", lambda dirs=None: None)
+    monkeypatch.delenv("LD_PRELOAD")
+    assert "LD_PRELOAD" not in VLLMServerSpec(device="cpu", **spec).env(), "nothing installed: glibc's malloc, as before"

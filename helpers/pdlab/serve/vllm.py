@@ -20,6 +20,7 @@ On CPU the server runs with ``--enforce-eager`` and a compile cache under ``buil
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +136,9 @@ class VLLMServerSpec:
     served_model_name: str | None = None
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # CPU: preload tcmalloc (pdlab.hardware.tcmalloc_library) as vLLM's CPU guide asks; False keeps
+    # glibc's malloc. An LD_PRELOAD that already names a tcmalloc (environment, extra_env) is kept.
+    tcmalloc: bool = True
     name: str | None = None
     python: str = sys.executable
 
@@ -195,7 +199,8 @@ class VLLMServerSpec:
         return args + list(self.extra_args)
 
     def env(self) -> dict[str, str]:
-        """Environment for the server (placement, offline mode, caches, NIXL side channel)."""
+        """Environment for the server (placement, offline mode, caches, NIXL side channel, and on a
+        CPU tcmalloc in ``LD_PRELOAD`` where one is installed)."""
         device = self.resolved_device()
         cache = build_dir() / "vllm-cache"
         env = {
@@ -221,6 +226,13 @@ class VLLMServerSpec:
                 # transports are unaffected. On GPU hosts UCX keeps its NICs (RDMA).
                 env["UCX_NET_DEVICES"] = "lo"
         env.update(self.extra_env)
+        if device == "cpu" and self.tcmalloc:
+            from pdlab.hardware import tcmalloc_library
+
+            preload = env.get("LD_PRELOAD", os.environ.get("LD_PRELOAD", ""))
+            lib = tcmalloc_library() if "libtcmalloc" not in preload else None
+            if lib:
+                env["LD_PRELOAD"] = f"{lib}:{preload}" if preload else lib
         return env
 
 
