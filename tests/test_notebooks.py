@@ -101,3 +101,23 @@ def test_every_notebook_has_a_parameters_cell_with_profile():
         params = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
         assert len(params) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'"
         assert "PROFILE" in "".join(params[0]["source"]), f"{path.name}: parameters cell lacks PROFILE"
+
+
+def test_papermill_reads_every_line_of_every_parameters_cell(caplog):
+    """papermill infers each parameter from its line (name, default, the comment as help); a line it
+    cannot parse (a comment with quotes in it, say) is logged and that parameter drops out of
+    ``papermill --help-notebook`` and of JupyterLab's parameter tools."""
+    import logging
+
+    from papermill.translators import PythonTranslator
+
+    for path in SOLUTIONS:
+        nb = json.loads(path.read_text())
+        cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="papermill"):
+            params = PythonTranslator.inspect({"source": "".join(cell["source"])})
+        assert not caplog.records, f"{path.name}: {[r.getMessage() for r in caplog.records]}"
+        assigned = [ln.split("=")[0].split(":")[0].strip() for ln in "".join(cell["source"]).splitlines()
+                    if "=" in ln and not ln.startswith((" ", "#"))]
+        assert [p.name for p in params] == assigned, f"{path.name}: papermill reads {[p.name for p in params]}"
