@@ -193,3 +193,41 @@ def test_calibrate_two_servers_probes_decode_there_and_records_contention(monkey
     assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
     with pytest.raises(ValueError, match="unknown probe plan"):
         probes.calibrate("http://p", plan="nope")
+
+
+def _admission_engine(monkeypatch, *, cold_step_s: float, step_s: float, context: int | None):
+    """Scripted decode server for probe_admission: streams step every ``step_s`` (the first,
+    48-token run every ``cold_step_s``); side requests through the proxy answer at once."""
+    calls = []
+
+    def bench(url, requests, *, seed, max_concurrency=None, **kwargs):
+        calls.append((url, len(requests), requests[0].output_tokens))
+        if url == "proxy":
+            return [RequestRecord(r.request_id, r.arrival_s, r.prompt_tokens, 1, first_token_s=r.arrival_s + 0.01,
+                                  finish_s=r.arrival_s + 0.01, token_times_s=[r.arrival_s + 0.01],
+                                  server_prompt_tokens=r.prompt_tokens) for r in requests]
+        step = cold_step_s if requests[0].output_tokens == 48 else step_s
+        return [_stream(r.request_id, r.prompt_tokens, 0.05, step, r.output_tokens) for r in requests]
+
+    monkeypatch.setattr(probes, "_bench", bench)
+    monkeypatch.setattr(probes, "server_context_tokens", lambda url: context)
+    return calls
+
+
+def test_admission_probe_streams_outlast_the_side_traffic_when_the_first_run_overstates_the_step(monkeypatch):
+    """The 48-token sizing run read 10 ms a step, the engine steps in 4 ms: sized on the first run
+    alone the streams ended at 2.6 s, before the side traffic (0.5–5.3 s): "the decode streams ended
+    before the side traffic" in a fresh clone's lab 05 on a fast machine. The first full run is timed
+    and the streams lengthened; the context caps them, and then fewer side requests are sent."""
+    calls = _admission_engine(monkeypatch, cold_step_s=0.010, step_s=0.004, context=2128)
+    adm = probes.probe_admission("proxy", "decode")
+    streams = [c for c in calls if c[0] == "decode"]
+    assert streams[0][2] == 48 and streams[-1][2] == 2128 - 256 - 8, "lengthened to what the context holds"
+    assert adm.side_requests == 12 and adm.itl_busy_s == pytest.approx(0.004) and adm.raw_overhead_s == pytest.approx(0.0)
+    assert all(t <= 2128 - 256 for _, _, t in streams), "no stream asks for more than the context holds"
+
+    calls = _admission_engine(monkeypatch, cold_step_s=0.004, step_s=0.004, context=1024)
+    adm = probes.probe_admission("proxy", "decode")
+    assert max(t for u, _, t in calls if u == "decode") == 1024 - 256 - 8
+    assert adm.side_requests == 3, "a short context: fewer side requests, inside the streams' span"
+    assert [n for u, n, _ in calls if u == "proxy"] == [3]

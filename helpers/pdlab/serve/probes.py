@@ -32,7 +32,8 @@ from pdlab.simreal.records import Admission, Calibration, Contention, StepPoint
 from pdlab.workloads import Request
 
 __all__ = ["ProbePlan", "PROBE_PLANS", "probe_prefill", "probe_decode", "decode_window", "probe_handoff",
-           "probe_contention", "probe_admission", "calibrate", "server_kv_capacity_tokens"]
+           "probe_contention", "probe_admission", "calibrate", "server_context_tokens",
+           "server_kv_capacity_tokens"]
 
 # ---------------------------------------------------------------------------------------------
 # Probe plans
@@ -309,17 +310,38 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
     """
     import threading
 
-    span = side_requests * period_s
     first = _bench(decode_url, [Request(i, 0.0, int(stream_prompt), 48) for i in range(streams)], seed=seed,
                    **bench_kwargs)
     alone0, _ = _mean_itl(first, *decode_window(first))
     if not np.isfinite(alone0):
         raise RuntimeError("admission probe: no decode stream produced more than one token")
-    tokens = int(np.ceil((span + 1.5) / alone0)) + 8     # outlast the side traffic, with a margin
+    context = server_context_tokens(decode_url)
+    most_tokens = context - int(stream_prompt) - 8 if context else None
+
+    def sized(need_s: float, step_s: float) -> int:
+        """Tokens that keep the streams decoding ``need_s`` at ``step_s`` a step, within the context."""
+        t = int(np.ceil(need_s / step_s)) + 8
+        return min(t, most_tokens) if most_tokens else t
 
     def streams_run(tag: int) -> list[RequestRecord]:
         return _bench(decode_url, [Request(i, 0.0, int(stream_prompt), tokens) for i in range(streams)],
                       seed=seed + tag, **bench_kwargs)
+
+    # The streams must outlast the side traffic (it starts 0.5 s in) with a margin. The first run's
+    # 48 tokens can overstate the step (a cold first step weighs on so few), so the first full-length
+    # run is timed too and, if it ended early, the streams are lengthened by what it fell short;
+    # where the context caps them, fewer side requests are sent, not fewer than 3.
+    need_s = side_requests * period_s + 2.0
+    tokens = sized(need_s, alone0)
+    before = streams_run(1)
+    lasted = max(r.finish_s or 0.0 for r in before) - min(r.arrival_s for r in before)
+    if lasted < need_s:
+        tokens = sized(need_s * 1.2, lasted / max(tokens, 1))
+        before = streams_run(4)
+        lasted = max(r.finish_s or 0.0 for r in before) - min(r.arrival_s for r in before)
+    if lasted < need_s:
+        side_requests = max(3, min(side_requests, int((lasted - 2.0) / period_s)))
+    span = side_requests * period_s
 
     side: list[RequestRecord] = []
     errors: list[BaseException] = []
@@ -331,7 +353,6 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the thread ends
             errors.append(exc)
 
-    before = streams_run(1)
     worker = threading.Thread(target=side_traffic, daemon=True)
     worker.start()
     busy = streams_run(2)
@@ -402,6 +423,21 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     link = fit_handoff(handoff, lat) if proxy_url else None
     return Calibration(lat, pre, dec, handoff, kv_link=link, contention=contention, admission=admission,
                        seconds=time.perf_counter() - t0)
+
+
+def server_context_tokens(url: str) -> int | None:
+    """The context length (tokens) a vLLM server accepts, ``max_model_len`` of its ``GET /v1/models``;
+    None where the server does not say."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=10) as resp:
+            data = json.loads(resp.read())["data"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    lens = [int(m["max_model_len"]) for m in data if isinstance(m, dict) and m.get("max_model_len")]
+    return min(lens) if lens else None
 
 
 def server_kv_capacity_tokens(url: str, default: int | None = None) -> int:
