@@ -197,6 +197,11 @@ def test_disaggregated_breakdown_adds_up_and_flags_a_missing_part():
     assert sum(r["ms"] for r in b.rows()) == pytest.approx(126.0)
     # a client that waited much longer than the proxy saw: something unaccounted for
     assert not disaggregated_breakdown(prefill, decode, proxy, client_ttft_s=0.200).consistent
+    # a short TTFT: 8 ms unaccounted is 12 % of it but within the client-proxy hop's slack; 12 ms is not
+    short = dict(prefill=EngineTimes(1, 0.0, 0.032, 0.0, 0.033, 0.033, 0.0, 0), decode=decode,
+                 proxy={"own_s": 0.0, "prefill_leg_s": 0.040, "decode_first_s": 0.025})
+    assert disaggregated_breakdown(**short, client_ttft_s=0.073).consistent
+    assert not disaggregated_breakdown(**short, client_ttft_s=0.077).consistent
     # an engine time longer than the proxy's leg around it: clocks disagree
     slow = EngineTimes(1, 0.010, 0.150, 0.0, 0.16, 0.16, 0.0, 0)
     assert not disaggregated_breakdown(slow, decode, proxy, client_ttft_s=0.128).consistent

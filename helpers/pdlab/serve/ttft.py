@@ -24,7 +24,8 @@ server this includes waiting for the remote KV); *decode* = first → last token
 from arrival. The two front-end parts are the difference between what the proxy measured around
 each backend and what that backend's engine measured inside, so the parts add up to the proxy's
 TTFT; :attr:`TTFTBreakdown.consistent` then checks two things that can fail: the proxy's TTFT
-agrees with the client's within ``tolerance`` (nothing unaccounted between client and proxy), and
+agrees with the client's within ``tolerance`` or ``gap_slack_s`` (nothing unaccounted between
+client and proxy beyond the hop's scheduling), and
 no part is negative (each engine's time fits inside the proxy's leg around it).
 
 A **colocated** request has: front end (client TTFT − engine TTFT), queue, prefill compute,
@@ -98,6 +99,10 @@ class TTFTBreakdown:
     tolerance: float = 0.10
     negative_slack_s: float = 0.002  # clocks of two processes: allow 2 ms of disagreement per part
     notes: list[str] = field(default_factory=list)
+    # The client↔proxy hop is two wake-ups of processes whose cores busy engines share: on the course's
+    # 2-core VM it left 4–8 ms of a 60–115 ms TTFT unaccounted (tests/test_live.py, 2026-12-03), over
+    # 10 % of a fast machine's short TTFT. A gap within this many seconds still adds up.
+    gap_slack_s: float = 0.010
 
     @property
     def accounted_s(self) -> float:
@@ -110,8 +115,11 @@ class TTFTBreakdown:
 
     @property
     def consistent(self) -> bool:
-        """Parts add up to the client's TTFT within ``tolerance`` and none is negative."""
-        return abs(self.rel_gap) <= self.tolerance and min(self.parts.values()) >= -self.negative_slack_s
+        """Parts add up to the client's TTFT within ``tolerance`` (or within ``gap_slack_s`` seconds)
+        and none is negative beyond ``negative_slack_s``."""
+        gap_s = abs(self.client_ttft_s - self.accounted_s)
+        adds_up = abs(self.rel_gap) <= self.tolerance or gap_s <= self.gap_slack_s
+        return adds_up and min(self.parts.values()) >= -self.negative_slack_s
 
     def rows(self) -> list[dict[str, object]]:
         """Long format for a stacked bar: deployment, part, milliseconds."""
