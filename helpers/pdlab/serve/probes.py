@@ -291,6 +291,17 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
                       decode=contention_factor(decode_alone, decode_busy))
 
 
+def _stream_tokens(need_s: float, step_s: float, most: int | None) -> int:
+    """Output tokens that keep a stream decoding ``need_s`` at ``step_s`` a step, at most ``most``."""
+    tokens = int(np.ceil(need_s / step_s)) + 8
+    return min(tokens, most) if most else tokens
+
+
+def _span_s(records: Sequence[RequestRecord]) -> float:
+    """Seconds from a run's first send to its last finish."""
+    return max(r.finish_s or 0.0 for r in records) - min(r.arrival_s for r in records)
+
+
 def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream_prompt: int = 256,
                     side_prompt: int = 16, side_requests: int = 12, period_s: float = 0.4, seed: int = 0,
                     **bench_kwargs: Any) -> Admission:
@@ -318,11 +329,6 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
     context = server_context_tokens(decode_url)
     most_tokens = context - int(stream_prompt) - 8 if context else None
 
-    def sized(need_s: float, step_s: float) -> int:
-        """Tokens that keep the streams decoding ``need_s`` at ``step_s`` a step, within the context."""
-        t = int(np.ceil(need_s / step_s)) + 8
-        return min(t, most_tokens) if most_tokens else t
-
     def streams_run(tag: int) -> list[RequestRecord]:
         return _bench(decode_url, [Request(i, 0.0, int(stream_prompt), tokens) for i in range(streams)],
                       seed=seed + tag, **bench_kwargs)
@@ -332,13 +338,13 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
     # run is timed too and, if it ended early, the streams are lengthened by what it fell short;
     # where the context caps them, fewer side requests are sent, not fewer than 3.
     need_s = side_requests * period_s + 2.0
-    tokens = sized(need_s, alone0)
+    tokens = _stream_tokens(need_s, alone0, most_tokens)
     before = streams_run(1)
-    lasted = max(r.finish_s or 0.0 for r in before) - min(r.arrival_s for r in before)
+    lasted = _span_s(before)
     if lasted < need_s:
-        tokens = sized(need_s * 1.2, lasted / max(tokens, 1))
+        tokens = _stream_tokens(need_s * 1.2, lasted / max(tokens, 1), most_tokens)
         before = streams_run(4)
-        lasted = max(r.finish_s or 0.0 for r in before) - min(r.arrival_s for r in before)
+        lasted = _span_s(before)
     if lasted < need_s:
         side_requests = max(3, min(side_requests, int((lasted - 2.0) / period_s)))
     span = side_requests * period_s
