@@ -39,6 +39,7 @@ __all__ = [
     "BenchResult",
     "interference_requests",
     "build_workload",
+    "server_models",
     "server_model",
     "run_requests",
     "run_bench",
@@ -150,13 +151,17 @@ def build_workload(name: str, *, rate_rps: float, n: int | None = None, duration
 
 
 # ---------------------------------------------------------------- the client
-def server_model(url: str, timeout_s: float = 10.0) -> tuple[str, str | None]:
-    """``(model id, local folder or None)`` from ``GET {url}/v1/models``."""
+def server_models(url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """The model cards of ``GET {url}/v1/models`` (vLLM's carry ``id``, ``root``, ``max_model_len``)."""
     import urllib.request
 
     with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout_s) as resp:
-        data = json.loads(resp.read())
-    first = data["data"][0]
+        return json.loads(resp.read())["data"]
+
+
+def server_model(url: str, timeout_s: float = 10.0) -> tuple[str, str | None]:
+    """``(model id, local folder or None)`` from ``GET {url}/v1/models``."""
+    first = server_models(url, timeout_s)[0]
     root = first.get("root") or first["id"]
     return first["id"], root if Path(root).is_dir() else None
 

@@ -434,12 +434,10 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
 def server_context_tokens(url: str) -> int | None:
     """The context length (tokens) a vLLM server accepts, ``max_model_len`` of its ``GET /v1/models``;
     None where the server does not say."""
-    import json
-    import urllib.request
+    from pdlab.serve.bench import server_models
 
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=10) as resp:
-            data = json.loads(resp.read())["data"]
+        data = server_models(url)
     except (OSError, KeyError, TypeError, ValueError):
         return None
     lens = [int(m["max_model_len"]) for m in data if isinstance(m, dict) and m.get("max_model_len")]

@@ -42,7 +42,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pdlab.serve.evidence import MetricsSnapshot, scrape_metrics
 
@@ -141,10 +141,9 @@ def combine_breakdowns(breakdowns: Sequence[TTFTBreakdown], weights: Sequence[fl
     if any(list(b.parts) != keys for b in breakdowns):
         raise ValueError("breakdowns to combine must have the same parts")
     w = [x / sum(weights) for x in weights]
-    first = breakdowns[0]
-    return TTFTBreakdown(first.deployment, sum(wi * b.client_ttft_s for wi, b in zip(w, breakdowns, strict=True)),
-                         {k: sum(wi * b.parts[k] for wi, b in zip(w, breakdowns, strict=True)) for k in keys},
-                         first.tolerance, first.negative_slack_s, [n for b in breakdowns for n in b.notes])
+    return replace(breakdowns[0], client_ttft_s=sum(wi * b.client_ttft_s for wi, b in zip(w, breakdowns, strict=True)),
+                   parts={k: sum(wi * b.parts[k] for wi, b in zip(w, breakdowns, strict=True)) for k in keys},
+                   notes=[n for b in breakdowns for n in b.notes])
 
 
 def disaggregated_breakdown(prefill: EngineTimes, decode: EngineTimes, proxy: dict[str, float],
