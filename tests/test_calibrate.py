@@ -669,3 +669,86 @@ def test_refit_handoff_on_run_recovers_the_hand_off_level_and_the_prefill_roles_
     assert capped.meta["cpu_contention"]["prefill"] == 0.08
     assert capped.meta["fit"]["handoff"]["prefill_contention_run"] == pytest.approx(0.15, abs=0.02)
     assert refit_handoff_on_run(low, live, cap_at_probe=False).meta["cpu_contention"]["prefill"] == pytest.approx(0.15, abs=0.02)
+
+
+def test_prefill_core_load_stretches_the_pairs_prefill_by_the_co_runners_share_at_the_replayed_rate():
+    """A pair whose prefill core also runs 0.1 of a core of front ends while requests are in flight
+    plus 20 ms of CPU per request: at 5 req/s the co-runners take u = 0.2 of that core, so an
+    unqueued prefill takes 1/(1 − 0.2) of its compute; at 10 req/s u = 0.3. The decode role and a
+    colocated replay are untouched; u >= 1 and a colocated mode are errors that name the problem."""
+    from pdlab.simreal.calibrate import arrival_rate_rps, with_prefill_core_load
+    from pdlab.workloads import Request
+
+    lat = FittedLatency(TRUE.prefill, TRUE.decode,
+                        meta={"prefill_core_base_cores": 0.1, "prefill_core_cpu_s_per_request": 0.020})
+    for rate, u in ((5.0, 0.2), (10.0, 0.3)):
+        reqs = [Request(i, i / rate, 512, 8) for i in range(11)]
+        assert arrival_rate_rps(reqs) == pytest.approx(rate)
+        loaded = with_prefill_core_load(lat, reqs)
+        assert loaded.prefill_time_s([512]) == pytest.approx(TRUE.prefill_time_s([512]) / (1 - u))
+        assert loaded.decode == TRUE.decode and loaded.meta["prefill_core_share_taken"] == pytest.approx(u)
+    assert with_prefill_core_load(FittedLatency(TRUE.prefill, TRUE.decode), [Request(0, 0.0, 8, 1),
+                                                                         Request(1, 1.0, 8, 1)]).prefill == TRUE.prefill
+    sparse = [Request(i, 1.0 * i, 512, 2) for i in range(5)]    # 1 req/s: u = 0.12, no queue at all
+    plain = simulate_like_live(sparse, "disaggregated", FittedLatency(TRUE.prefill, TRUE.decode))
+    with_load = simulate_like_live(sparse, "disaggregated", lat)
+    for a, b in zip(plain, with_load, strict=True):
+        assert b.ttft_s - a.ttft_s == pytest.approx(TRUE.prefill_time_s([512]) * (1 / 0.88 - 1), rel=1e-6)
+        assert b.tpot_s == pytest.approx(a.tpot_s)
+    with pytest.raises(ValueError, match="co-runners would need 1.30 cores"):
+        with_prefill_core_load(lat, [Request(i, i / 60.0, 8, 1) for i in range(4)])
+    with pytest.raises(ValueError, match="no prefill role"):
+        simulate_like_live(sparse, "colocated", lat)
+
+
+def test_arrival_rate_leaves_out_the_breaks_between_a_runs_blocks():
+    """Two blocks of Poisson arrivals at 4 req/s, 60 s apart (lab 05 runs each rate in blocks):
+    the rate is the blocks' own, not the span's; equal arrivals have none."""
+    from pdlab.simreal.calibrate import arrival_rate_rps
+    from pdlab.workloads import Request
+
+    rng = np.random.default_rng(5)
+    first = np.cumsum(rng.exponential(1 / 4.0, 200))
+    times = np.concatenate([first, first[-1] + 60.0 + np.cumsum(rng.exponential(1 / 4.0, 200))])
+    assert arrival_rate_rps([Request(i, float(t), 8, 1) for i, t in enumerate(times)]) == pytest.approx(4.0, rel=0.1)
+    with pytest.raises(ValueError, match="at once"):
+        arrival_rate_rps([Request(i, 1.0, 8, 1) for i in range(3)])
+
+
+def test_split_co_runner_cpu_recovers_a_base_rate_and_a_cost_per_request():
+    """Two blocks of Poisson arrivals; the co-runners burn 0.12 of a core while any request is in
+    flight plus 27 ms per request spread over its life, sampled every 0.25 s (with 10 ms ticks, as
+    /proc counts): the split gives both back; too few windows is an error."""
+    from pdlab.simreal.calibrate import refit_prefill_core_load_on_run, split_co_runner_cpu
+
+    rng = np.random.default_rng(11)
+    recs, blocks = [], []
+    for start, rate in ((100.0, 3.0), (200.0, 9.0)):
+        sends = start + np.cumsum(rng.exponential(1 / rate, 60))
+        lives = rng.uniform(0.3, 1.2, 60)
+        recs += [dataclasses.replace(_rec(len(recs) + i, 0.05, 0.01), arrival_s=float(s),
+                                     first_token_s=float(s) + 0.05, finish_s=float(s + d))
+                 for i, (s, d) in enumerate(zip(sends, lives, strict=True))]
+        ts = np.arange(start - 2.0, sends[-1] + 3.0, 0.25)
+        grid = np.linspace(ts[0], ts[-1], 20_000)
+        busy = np.zeros_like(grid)
+        per_req = np.zeros_like(grid)
+        for s, d in zip(sends, lives, strict=True):
+            on = (grid >= s) & (grid < s + d)
+            busy[on] = 1.0
+            per_req[on] += 0.027 / d
+        rate_cores = 0.12 * busy + per_req
+        cum = np.concatenate([[0.0], np.cumsum(rate_cores[1:] * np.diff(grid))])
+        blocks.append([(float(t), float(np.floor(np.interp(t, grid, cum) * 100) / 100)) for t in ts])
+    split = split_co_runner_cpu(blocks, recs)
+    assert split["base_cores"] == pytest.approx(0.12, abs=0.02)
+    assert split["cpu_s_per_request"] == pytest.approx(0.027, abs=0.005)
+    assert split["windows"] >= 20 and split["r2"] > 0.5
+    with pytest.raises(ValueError, match="need >= 4 windows"):
+        split_co_runner_cpu([blocks[0][:3]], recs)
+    fitted = refit_prefill_core_load_on_run(FittedLatency(TRUE.prefill, TRUE.decode), blocks, recs)
+    assert fitted.meta["prefill_core_base_cores"] == split["base_cores"]
+    assert fitted.meta["prefill_core_cpu_s_per_request"] == split["cpu_s_per_request"]
+    assert fitted.prefill == TRUE.prefill and fitted.meta["fit"]["prefill_core_load"]["windows"] == split["windows"]
+    only = refit_prefill_core_load_on_run(FittedLatency(TRUE.prefill, TRUE.decode), blocks, recs, per_request_only=True)
+    assert only.meta["prefill_core_base_cores"] == 0.0

@@ -14,13 +14,14 @@ took (steal).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["CPUMeter", "ProcessCPU", "ThreadCPU", "tree_processes", "tree_cpu_seconds", "own_cpu_seconds",
+__all__ = ["CPUMeter", "CPUSampler", "ProcessCPU", "ThreadCPU", "tree_processes", "tree_cpu_seconds", "own_cpu_seconds",
            "machine_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu", "nixl_agent_idle_cpu"]
 
 
@@ -96,6 +97,40 @@ def machine_cpu_seconds() -> tuple[float, float]:
     tick = os.sysconf("SC_CLK_TCK")
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
     return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+class CPUSampler:
+    """The CPU seconds of ``pids`` (:func:`own_cpu_seconds`) sampled every ``period_s`` seconds by a
+    background thread while the block runs: ``samples`` = [(``time.perf_counter()``, CPU seconds so
+    far)], one at the start and one at the end included; the benchmark client's records use the
+    same clock, so a run's CPU can be split by what its requests did when
+    (:func:`pdlab.simreal.calibrate.split_co_runner_cpu`). One sample costs about a millisecond
+    of the calling process's CPU per process read."""
+
+    def __init__(self, pids: Iterable[int], *, period_s: float = 0.5):
+        if period_s <= 0:
+            raise ValueError(f"period_s must be > 0, got {period_s}")
+        self.pids, self.period_s = list(pids), period_s
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pdlab-cpu-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        self.samples.append((time.perf_counter(), own_cpu_seconds(self.pids)))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sample()
+
+    def __enter__(self) -> CPUSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
 
 
 class CPUMeter:

@@ -80,6 +80,10 @@ __all__ = [
     "refit_prefill_on_run",
     "refit_front_end_on_run",
     "refit_handoff_on_run",
+    "arrival_rate_rps",
+    "with_prefill_core_load",
+    "refit_prefill_core_load_on_run",
+    "split_co_runner_cpu",
     "ERROR_COLUMNS",
 ]
 
@@ -404,6 +408,12 @@ def simulate_like_live(requests: Sequence[Request], mode: str, latency: FittedLa
     generates all ``output_tokens``; each request is simulated with one more output token and its
     first token time is that of the first decode step (the token the client sees first).
 
+    A pair whose ``latency.meta`` holds a prefill core load (``prefill_core_base_cores``,
+    ``prefill_core_cpu_s_per_request``: :func:`refit_prefill_core_load_on_run`) runs its prefill
+    role with the prefill row stretched
+    by the co-runners' share of that core at these requests' rate (:func:`with_prefill_core_load`);
+    the decode role keeps ``latency`` (or ``decode_latency``).
+
     ``front_end_s`` (default: ``latency.meta["front_end_s"]``, else 0): seconds each request spends
     before it reaches the engine that the engine does not spend (HTTP, tokenisation, the front
     end's event loop busy streaming other requests' tokens; :func:`refit_front_end_on_run`). The
@@ -414,6 +424,12 @@ def simulate_like_live(requests: Sequence[Request], mode: str, latency: FittedLa
         front_end_s = float(latency.meta.get("front_end_s", 0.0))
     if front_end_s < 0:
         raise ValueError(f"front_end_s must be >= 0, got {front_end_s}")
+    if latency.meta.get("prefill_core_cpu_s_per_request") or latency.meta.get("prefill_core_base_cores"):
+        if mode != "disaggregated":
+            raise ValueError("a prefill core load models a prefill/decode pair's prefill core; "
+                             f"mode {mode!r} has no prefill role")
+        kwargs.setdefault("decode_latency", latency)
+        latency = with_prefill_core_load(latency, requests)
     sent = {}
     if front_end_s:
         sent = {r.request_id: r.arrival_s for r in requests}
@@ -810,6 +826,114 @@ def refit_front_end_on_run(latency: FittedLatency, records: Sequence[RequestReco
     return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
 
 
+def arrival_rate_rps(requests: Sequence[Request], *, break_factor: float = 20.0) -> float:
+    """Requests per second while a run was sending: its gaps between arrivals over their sum,
+    leaving out gaps longer than ``break_factor`` × the median gap (breaks between a run's blocks,
+    lab 05's mirrored order; a Poisson gap is that long with probability 2^−20). Raises ValueError
+    for fewer than 2 requests or no time between them."""
+    if len(requests) < 2:
+        raise ValueError(f"need >= 2 requests for a rate, got {len(requests)}")
+    gaps = np.diff(sorted(r.arrival_s for r in requests))
+    kept = gaps[gaps <= break_factor * np.median(gaps)]
+    if kept.sum() <= 0:
+        raise ValueError("all requests arrive at once: no rate")
+    return float(len(kept) / kept.sum())
+
+
+def with_prefill_core_load(latency: FittedLatency, requests: Sequence[Request]) -> FittedLatency:
+    """``latency`` with its prefill row stretched by ``1 / (1 − u)``: ``u`` = the share of the
+    prefill role's core its co-runners (API servers, proxy, client) take while requests are in
+    flight, ``latency.meta["prefill_core_base_cores"]`` + the requests' rate
+    (:func:`arrival_rate_rps`) × ``latency.meta["prefill_core_cpu_s_per_request"]``
+    (:func:`refit_prefill_core_load_on_run`). A prefill of ``T`` seconds of compute that shares the
+    core with work arriving at ``u`` cores gets the rest of it, so it ends after ``T / (1 − u)``.
+    Unchanged without those entries; ValueError when ``u`` >= 1 (the co-runners alone would need
+    the whole core)."""
+    base = float(latency.meta.get("prefill_core_base_cores", 0.0))
+    cpu_s = float(latency.meta.get("prefill_core_cpu_s_per_request", 0.0))
+    if base <= 0 and cpu_s <= 0:
+        return latency
+    u = base + arrival_rate_rps(requests) * cpu_s
+    if u >= 1:
+        raise ValueError(f"the prefill core's co-runners would need {u:.2f} cores at this rate "
+                         f"({base:.2f} cores + {cpu_s * 1e3:.1f} ms of CPU per request): the model needs u < 1")
+    meta = {**latency.meta, "prefill_core_share_taken": u}
+    return FittedLatency(tuple(c / (1 - u) for c in latency.prefill), latency.decode, tp=latency.tp, pp=latency.pp,
+                         meta=meta)
+
+
+def split_co_runner_cpu(samples: Sequence[Sequence[Sequence[float]]], records: Sequence[RequestRecord], *,
+                        window_s: float = 1.0) -> dict[str, float]:
+    """Split the CPU the co-runners of a live run used (``samples``: one list per block of
+    ``(perf_counter time, CPU seconds so far)``, :class:`pdlab.serve.cpucost.CPUSampler`) into a
+    rate while requests are in flight and a cost per request. Each block's span from its first
+    send to its last finish is cut into windows of about ``window_s`` seconds (between samples);
+    each window's CPU seconds are fitted (non-negative least squares) as
+    ``base_cores`` × its seconds with a request in flight + ``cpu_s_per_request`` × Σ over
+    requests of the share of the request's life (send → finish) inside the window. A stream's
+    work is spread over its life, so the second term follows the arrivals' bunching that the
+    first cannot; the first is what the front ends spend per step, whatever the number of
+    streams. Returns both, with the fit's ``r2`` and ``windows``; ValueError with fewer than 4
+    windows."""
+    recs = [r for r in records if r.ok and r.finish_s is not None and r.finish_s > r.arrival_s]
+    rows, ys = [], []
+    for block in samples:
+        pts = np.asarray(block, dtype=float)
+        if len(pts) < 2:
+            continue
+        inside = [r for r in recs if pts[0, 0] <= r.arrival_s <= pts[-1, 0]]
+        if not inside:
+            continue
+        lo, hi = min(r.arrival_s for r in inside), max(r.finish_s for r in inside)
+        kept = pts[(pts[:, 0] >= lo) & (pts[:, 0] <= hi)]
+        step = max(1, int(round(window_s / max(np.median(np.diff(pts[:, 0])), 1e-9))))
+        kept = kept[::step]
+        for (t0, c0), (t1, c1) in zip(kept[:-1], kept[1:], strict=True):
+            lives = [(max(t0, r.arrival_s), min(t1, r.finish_s), r.finish_s - r.arrival_s) for r in inside]
+            share = sum((b - a) / life for a, b, life in lives if b > a)
+            busy = _union_length([(a, b) for a, b, _ in lives if b > a])
+            rows.append([busy, share])
+            ys.append(c1 - c0)
+    if len(rows) < 4:
+        raise ValueError(f"need >= 4 windows of CPU samples inside the run's requests, got {len(rows)}")
+    a, y = np.array(rows), np.array(ys)
+    coef = _nnls(a, y, relative=False)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float(((a @ coef - y) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+    return {"base_cores": float(coef[0]), "cpu_s_per_request": float(coef[1]), "windows": len(rows), "r2": r2}
+
+
+def _union_length(intervals: Sequence[tuple[float, float]]) -> float:
+    """Total length (s) covered by ``intervals`` (a, b), overlaps counted once."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def refit_prefill_core_load_on_run(latency: FittedLatency, samples: Sequence[Sequence[Sequence[float]]],
+                                   records: Sequence[RequestRecord], *, per_request_only: bool = False
+                                   ) -> FittedLatency:
+    """``latency`` (a prefill/decode pair's) with the load its prefill role's co-runners (API
+    servers, proxy, benchmark client) put on that core during a live run, split by
+    :func:`split_co_runner_cpu` (``samples`` of their CPU seconds, ``records`` of the run) into
+    ``meta["prefill_core_base_cores"]`` (cores while requests are in flight) and
+    ``meta["prefill_core_cpu_s_per_request"]``. :func:`simulate_like_live` then charges them at the
+    replayed rate (:func:`with_prefill_core_load`), so a fit on one rate carries the front ends'
+    load to another. With ``per_request_only`` the base is left out (where the prefill role's
+    contention, ``cpu_contention["prefill"]``, already charges the front ends' work per decode step).
+    ``meta["fit"]["prefill_core_load"]`` records the split."""
+    split = split_co_runner_cpu(samples, records)
+    meta = {**latency.meta, "prefill_core_cpu_s_per_request": split["cpu_s_per_request"],
+            "prefill_core_base_cores": 0.0 if per_request_only else split["base_cores"]}
+    meta["fit"] = {**meta.get("fit", {}), "prefill_core_load": {
+        **split, "per_request_only": per_request_only,
+        "source": "live run, CPU samples of the prefill core's co-runners against the requests in flight"}}
+    return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
+
+
 def _decode_busy_while_waiting(r: RequestRecord, records: Sequence[RequestRecord]) -> bool:
     """Whether another request of ``records`` streamed tokens (first token given, not finished)
     at some moment while ``r`` waited for its first token."""
@@ -852,7 +976,8 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     c_p = probe_c_p = probe_cont.get("prefill", 0.0)
     run_c_p = None
     if len(busy) >= min_requests:
-        run_c_p = max(0.0, float(np.median([(r.ttft_s - s.ttft_s - shift) / latency.prefill_time_s([server_prompt_tokens(r)])
+        loaded = with_prefill_core_load(latency, requests_from_records(records))   # the prefill the replay ran
+        run_c_p = max(0.0, float(np.median([(r.ttft_s - s.ttft_s - shift) / loaded.prefill_time_s([server_prompt_tokens(r)])
                                             for r, s in busy])))
         c_p = min(run_c_p, probe_c_p) if cap_at_probe else run_c_p
     meta = dict(latency.meta)
