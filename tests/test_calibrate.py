@@ -752,3 +752,56 @@ def test_split_co_runner_cpu_recovers_a_base_rate_and_a_cost_per_request():
     assert fitted.prefill == TRUE.prefill and fitted.meta["fit"]["prefill_core_load"]["windows"] == split["windows"]
     only = refit_prefill_core_load_on_run(FittedLatency(TRUE.prefill, TRUE.decode), blocks, recs, per_request_only=True)
     assert only.meta["prefill_core_base_cores"] == 0.0
+
+
+def test_matched_prefill_contention_reproduces_the_runs_median_ttft():
+    """A pair whose prefill steps take 1.6× while decode streams: from a fit that says 2.0 (too slow)
+    or 0 (too fast), matching the run's own median TTFT gives the contention back (within 0.15: the median is flat over a range of it) and the replay's
+    median TTFT the run's; a fit already too slow at 0 (a 2-s hand-off) gets 0, with both values
+    recorded."""
+    from pdlab.metrics import ttft_s
+    from pdlab.simreal.calibrate import match_prefill_contention_on_run
+    from pdlab.workloads import Request
+
+    rng = np.random.default_rng(5)
+    arrivals = np.cumsum(rng.exponential(1 / 4.0, 100))
+    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(8, 48))) for i, a in enumerate(arrivals)]
+    meta = {"kv_link": {"latency_s": 0.010, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.6, "decode": 0.05}}
+    live = simulate_like_live(reqs, "disaggregated", FittedLatency(TRUE.prefill, TRUE.decode, meta=meta))
+    for start in (2.0, 0.0):
+        fit = FittedLatency(TRUE.prefill, TRUE.decode, meta={**meta, "cpu_contention": {"prefill": start, "decode": 0.05}})
+        matched = match_prefill_contention_on_run(fit, live)
+        assert matched.meta["cpu_contention"] == pytest.approx({"prefill": 0.6, "decode": 0.05}, abs=0.15)
+        replay = simulate_like_live(reqs, "disaggregated", matched)
+        assert np.median(ttft_s(replay)) == pytest.approx(np.median(ttft_s(live)), rel=0.02)
+        assert matched.meta["fit"]["prefill_contention_match"]["before"] == start
+        assert matched.decode == TRUE.decode and matched.meta["kv_link"] == meta["kv_link"]
+    slow = FittedLatency(TRUE.prefill, TRUE.decode, meta={**meta, "kv_link": {"latency_s": 2.0, "s_per_token": 0.0}})
+    zero = match_prefill_contention_on_run(slow, live)
+    assert zero.meta["cpu_contention"]["prefill"] == 0.0
+    info = zero.meta["fit"]["prefill_contention_match"]
+    assert (info["before"], info["after"]) == (0.6, 0.0)
+    assert info["live_ttft_p50_s"] == pytest.approx(float(np.median(ttft_s(live))))
+
+
+def test_scaled_decode_row_takes_one_factor_from_the_run_and_the_shape_from_the_probe():
+    """A slow run (batches 1–4) whose every decode step costs 1.3× TRUE's: scaling a probe fit
+    that saw TRUE gives 1.3 and TRUE's row × 1.3, so it predicts batches the run never reached;
+    prefill and meta are kept, the probe's fit quality moves to ``decode_probe``; a run without
+    quiet steps cannot be scaled."""
+    from pdlab.simreal.calibrate import run_decode_points, scale_decode_on_run
+
+    slow = FittedLatency(TRUE.prefill, tuple(1.3 * c for c in TRUE.decode))
+    recs = _varied_run(slow, rate=1.0, n=60)
+    assert max(p.decode_batch for p in run_decode_points(recs)) <= 4
+    probe = FittedLatency(TRUE.prefill, TRUE.decode, meta={"kv_link": {"latency_s": 1e-3},
+                                                           "fit": {"decode": {"mape": 0.01}}})
+    scaled = scale_decode_on_run(probe, recs)
+    info = scaled.meta["fit"]["decode"]
+    assert info["scale"] == pytest.approx(1.3, rel=0.03) and info["mape"] < 0.05 and info["points"] >= 2
+    assert scaled.meta["fit"]["decode_probe"] == {"mape": 0.01} and scaled.meta["kv_link"] == {"latency_s": 1e-3}
+    assert scaled.prefill == TRUE.prefill
+    for batch in (8, 16):
+        assert scaled.decode_time_s([300] * batch) == pytest.approx(slow.decode_time_s([300] * batch), rel=0.03)
+    with pytest.raises(ValueError, match="no quiet decode step group"):
+        scale_decode_on_run(probe, [RequestRecord(0, 0.0, 100, 3, 0.5, 0.5, token_times_s=[0.5] * 3)])

@@ -711,6 +711,33 @@ def refit_decode_on_run(latency: FittedLatency, records: Sequence[RequestRecord]
     return FittedLatency(latency.prefill, decode, meta=meta)
 
 
+
+def scale_decode_on_run(latency: FittedLatency, records: Sequence[RequestRecord], **kwargs: Any) -> FittedLatency:
+    """``latency`` with its decode row scaled to a live run's level: the median, over the run's
+    quiet-step points (:func:`run_decode_points`, ``kwargs``), of the observed step ÷ the fitted
+    one at the point's batch and context. The probe keeps the shape (how a step grows with
+    batch and context, over batches a slow run never reaches); the run sets one factor for all
+    of it, as a co-runner that takes a share of the core stretches every step alike.
+    (:func:`refit_decode_on_run` with ``probe_points`` takes the run's level as an added
+    constant instead, which weighs most on the small batches of a slow run.) Prefill and
+    ``meta`` are kept; ``meta["fit"]["decode"]`` holds the scale, its points and the fit's
+    quality on them, ``meta["fit"]["decode_probe"]`` the probe's. Raises ValueError without a
+    point."""
+    points = run_decode_points(records, **kwargs)
+    if not points:
+        raise ValueError("no quiet decode step group in the run to scale the decode row on")
+    fitted = np.array([latency.step_time_s(0, 0.0, p.decode_batch, p.decode_ctx_tokens) for p in points])
+    observed = np.array([p.time_s for p in points])
+    scale = float(np.median(observed / fitted))
+    meta = dict(latency.meta)
+    fit = dict(meta.get("fit", {}))
+    fit["decode_probe"], fit["decode"] = fit.get("decode"), {
+        **_quality(scale * fitted, observed), "scale": scale,
+        "source": "the probe's decode row, scaled to the live run's quiet steps"}
+    meta["fit"] = fit
+    return FittedLatency(latency.prefill, tuple(scale * c for c in latency.decode), tp=latency.tp, pp=latency.pp,
+                         meta=meta)
+
 def step_ratio_windows(records: Sequence[RequestRecord], latency: FittedLatency, *, window_s: float = 5.0,
                        min_gaps: int = 20) -> list[dict[str, float]]:
     """The live decode step against the fitted one over time: the run's quiet gaps
@@ -989,6 +1016,48 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
         "busy_requests": len(busy), "source": "live run, TTFT − replayed TTFT of requests that met no prefill queue"}}
     return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
 
+
+
+def match_prefill_contention_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *,
+                                    iterations: int = 12, max_contention: float = 8.0,
+                                    **sim_kwargs: Any) -> FittedLatency:
+    """``latency`` (a prefill/decode pair's run fit) with ``cpu_contention["prefill"]`` set so that
+    the replay of its own run (:func:`simulate_like_live`, ``sim_kwargs``) has the run's median
+    TTFT: bisection over [0, ``max_contention``] (the replay's median TTFT grows with it).
+
+    :func:`refit_handoff_on_run` measures the contention on the few prefill-quiet requests that
+    waited while others streamed, and the replay charges it to every prefill while decode works,
+    queued ones included, so a noisy value is amplified by the queue (one run at 8.2 req/s:
+    0.90, and its own replay's median TTFT +43 %). Matching the run's median makes the fit
+    reproduce the run it was fitted on; held-out rates test whether it transfers.
+    ``meta["fit"]["prefill_contention_match"]`` records the value before and after. Where the
+    replay is already too slow at 0, the contention is 0; where it is still too fast at
+    ``max_contention``, it is ``max_contention``."""
+    reqs = requests_from_records(records)
+    live = float(np.median(ttft_s(records)))
+    before = float((latency.meta.get("cpu_contention") or {}).get("prefill", 0.0))
+
+    def with_c(c: float) -> FittedLatency:
+        meta = {**latency.meta, "cpu_contention": {"decode": 0.0, **(latency.meta.get("cpu_contention") or {}),
+                                                   "prefill": float(c)}}
+        return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
+
+    def too_fast(c: float) -> bool:
+        return float(np.median(ttft_s(simulate_like_live(reqs, "disaggregated", with_c(c), **sim_kwargs)))) < live
+
+    lo, hi = 0.0, max_contention
+    if not too_fast(lo):
+        hi = 0.0
+    elif too_fast(hi):
+        lo = max_contention
+    for _ in range(iterations if lo < hi else 0):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if too_fast(mid) else (lo, mid)
+    fitted = with_c(0.5 * (lo + hi))
+    fitted.meta["fit"] = {**fitted.meta.get("fit", {}), "prefill_contention_match": {
+        "before": before, "after": 0.5 * (lo + hi), "live_ttft_p50_s": live,
+        "source": "live run, the replay's median TTFT matched to the run's"}}
+    return fitted
 
 def refit_prefill_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
                          min_requests: int = 3, **sim_kwargs: Any) -> FittedLatency:
