@@ -756,9 +756,9 @@ def test_split_co_runner_cpu_recovers_a_base_rate_and_a_cost_per_request():
 
 def test_matched_prefill_contention_reproduces_the_runs_median_ttft():
     """A pair whose prefill steps take 1.6× while decode streams: from a fit that says 2.0 (too slow)
-    or 0 (too fast), matching the run's own median TTFT gives the contention back (within 0.15: the median is flat over a range of it) and the replay's
-    median TTFT the run's; a fit already too slow at 0 (a 2-s hand-off) gets 0, with both values
-    recorded."""
+    or 0 (too fast), matching the run's own median TTFT gives the contention back (within 0.15:
+    the median is flat over a range of it) and the replay's median TTFT the run's; a fit already
+    too slow at 0 (a 2-s hand-off) gets 0, with both values recorded."""
     from pdlab.metrics import ttft_s
     from pdlab.simreal.calibrate import match_prefill_contention_on_run
     from pdlab.workloads import Request

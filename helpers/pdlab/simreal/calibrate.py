@@ -704,12 +704,17 @@ def refit_decode_on_run(latency: FittedLatency, records: Sequence[RequestRecord]
     else:
         decode, quality = fit_decode_joint(points, probe_points)
         source = "live run's quiet steps (level) with the probe's points (slopes)"
-    meta = dict(latency.meta)
-    fit = dict(meta.get("fit", {}))
-    fit["decode_probe"], fit["decode"] = fit.get("decode"), {**quality, "source": source}
-    meta["fit"] = fit
-    return FittedLatency(latency.prefill, decode, meta=meta)
+    return _with_decode_row(latency, decode, {**quality, "source": source})
 
+
+def _with_decode_row(latency: FittedLatency, decode: Sequence[float], fit_info: Mapping[str, Any]) -> FittedLatency:
+    """``latency`` with the decode row ``decode``: ``fit_info`` becomes ``meta["fit"]["decode"]``,
+    the row's previous fit quality ``meta["fit"]["decode_probe"]``; prefill, tp, pp and the rest
+    of ``meta`` are kept."""
+    fit = dict(latency.meta.get("fit", {}))
+    fit["decode_probe"], fit["decode"] = fit.get("decode"), dict(fit_info)
+    return FittedLatency(latency.prefill, tuple(decode), tp=latency.tp, pp=latency.pp,
+                         meta={**latency.meta, "fit": fit})
 
 
 def scale_decode_on_run(latency: FittedLatency, records: Sequence[RequestRecord], **kwargs: Any) -> FittedLatency:
@@ -729,14 +734,10 @@ def scale_decode_on_run(latency: FittedLatency, records: Sequence[RequestRecord]
     fitted = np.array([latency.step_time_s(0, 0.0, p.decode_batch, p.decode_ctx_tokens) for p in points])
     observed = np.array([p.time_s for p in points])
     scale = float(np.median(observed / fitted))
-    meta = dict(latency.meta)
-    fit = dict(meta.get("fit", {}))
-    fit["decode_probe"], fit["decode"] = fit.get("decode"), {
+    return _with_decode_row(latency, [scale * c for c in latency.decode], {
         **_quality(scale * fitted, observed), "scale": scale,
-        "source": "the probe's decode row, scaled to the live run's quiet steps"}
-    meta["fit"] = fit
-    return FittedLatency(latency.prefill, tuple(scale * c for c in latency.decode), tp=latency.tp, pp=latency.pp,
-                         meta=meta)
+        "source": "the probe's decode row, scaled to the live run's quiet steps"})
+
 
 def step_ratio_windows(records: Sequence[RequestRecord], latency: FittedLatency, *, window_s: float = 5.0,
                        min_gaps: int = 20) -> list[dict[str, float]]:
@@ -993,8 +994,7 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     cal = Calibration.from_latency(latency)
     link = cal.kv_link or LinkFit(0.0, 0.0)
     probe_cont = dict(latency.meta.get("cpu_contention") or {"prefill": 0.0, "decode": 0.0})
-    no_cp = FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp,
-                          meta={**latency.meta, "cpu_contention": {**probe_cont, "prefill": 0.0}})
+    no_cp = _with_prefill_contention(latency, 0.0)
     pairs = _quiet_replay_pairs(no_cp, records, "disaggregated", 1, front_end_s=0.0, **sim_kwargs)
     ok = [r for r in records if r.ok and r.first_token_s is not None]
     idle = [(r, s) for r, s in pairs if not _decode_busy_while_waiting(r, ok)]
@@ -1017,7 +1017,6 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
 
 
-
 def match_prefill_contention_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *,
                                     iterations: int = 12, max_contention: float = 8.0,
                                     **sim_kwargs: Any) -> FittedLatency:
@@ -1027,9 +1026,8 @@ def match_prefill_contention_on_run(latency: FittedLatency, records: Sequence[Re
 
     :func:`refit_handoff_on_run` measures the contention on the few prefill-quiet requests that
     waited while others streamed, and the replay charges it to every prefill while decode works,
-    queued ones included, so a noisy value is amplified by the queue (one run at 8.2 req/s:
-    0.90, and its own replay's median TTFT +43 %). Matching the run's median makes the fit
-    reproduce the run it was fitted on; held-out rates test whether it transfers.
+    queued ones included, so a noisy value is amplified by the queue. Matching the run's median
+    makes the fit reproduce the run it was fitted on; held-out rates test whether it transfers.
     ``meta["fit"]["prefill_contention_match"]`` records the value before and after. Where the
     replay is already too slow at 0, the contention is 0; where it is still too fast at
     ``max_contention``, it is ``max_contention``."""
@@ -1037,13 +1035,9 @@ def match_prefill_contention_on_run(latency: FittedLatency, records: Sequence[Re
     live = float(np.median(ttft_s(records)))
     before = float((latency.meta.get("cpu_contention") or {}).get("prefill", 0.0))
 
-    def with_c(c: float) -> FittedLatency:
-        meta = {**latency.meta, "cpu_contention": {"decode": 0.0, **(latency.meta.get("cpu_contention") or {}),
-                                                   "prefill": float(c)}}
-        return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
-
     def too_fast(c: float) -> bool:
-        return float(np.median(ttft_s(simulate_like_live(reqs, "disaggregated", with_c(c), **sim_kwargs)))) < live
+        replay = simulate_like_live(reqs, "disaggregated", _with_prefill_contention(latency, c), **sim_kwargs)
+        return float(np.median(ttft_s(replay))) < live
 
     lo, hi = 0.0, max_contention
     if not too_fast(lo):
@@ -1053,11 +1047,19 @@ def match_prefill_contention_on_run(latency: FittedLatency, records: Sequence[Re
     for _ in range(iterations if lo < hi else 0):
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if too_fast(mid) else (lo, mid)
-    fitted = with_c(0.5 * (lo + hi))
+    fitted = _with_prefill_contention(latency, 0.5 * (lo + hi))
     fitted.meta["fit"] = {**fitted.meta.get("fit", {}), "prefill_contention_match": {
         "before": before, "after": 0.5 * (lo + hi), "live_ttft_p50_s": live,
         "source": "live run, the replay's median TTFT matched to the run's"}}
     return fitted
+
+
+def _with_prefill_contention(latency: FittedLatency, c_p: float) -> FittedLatency:
+    """``latency`` with ``meta["cpu_contention"]["prefill"] = c_p`` (decode's kept, 0 where unset)."""
+    cont = {"decode": 0.0, **(latency.meta.get("cpu_contention") or {}), "prefill": float(c_p)}
+    return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp,
+                         meta={**latency.meta, "cpu_contention": cont})
+
 
 def refit_prefill_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
                          min_requests: int = 3, **sim_kwargs: Any) -> FittedLatency:
