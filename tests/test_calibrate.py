@@ -375,6 +375,9 @@ def test_lab05_checks_pass_fail_and_not_attempted(monkeypatch):
     assert check_max_decode_batch(20, TRUE, 400, budget).status == PASSED
     assert check_max_decode_batch(21, TRUE, 400, budget).status == FAILED
     assert check_max_decode_batch(None, TRUE, 400, budget).status == NOT_ATTEMPTED
+    flat = dataclasses.replace(TRUE, decode=(a, 0.0, 0.0))
+    with pytest.raises(ValueError, match="does not grow with the batch"):
+        max_decode_batch(flat, 400, budget)
     live = [_rec(i, 0.1 * (i + 1), 0.01) for i in range(4)]
     sim = [_rec(i, 0.05, 0.01) for i in range(4)]
     slo = SLO(ttft_s=0.25)
@@ -805,3 +808,25 @@ def test_scaled_decode_row_takes_one_factor_from_the_run_and_the_shape_from_the_
         assert scaled.decode_time_s([300] * batch) == pytest.approx(slow.decode_time_s([300] * batch), rel=0.03)
     with pytest.raises(ValueError, match="no quiet decode step group"):
         scale_decode_on_run(probe, [RequestRecord(0, 0.0, 100, 3, 0.5, 0.5, token_times_s=[0.5] * 3)])
+
+
+def test_decode_gap_tail_finds_one_stall_shared_by_two_streams_and_merged_chunks():
+    """Two streams stepping exactly at the fit, then one stall of 10 fitted steps that both see:
+    the stall counts once in wall-clock time, its gaps carry all the excess, and a token the
+    server counted but no chunk was timed for is a shared-chunk token whose step the time ratio counts."""
+    from pdlab.simreal.calibrate import decode_gap_tail
+
+    lat = FittedLatency((0.01, 0.0, 0.0), (0.005, 0.0, 0.0))   # every step 5 ms
+    times = [0.005 * k for k in range(10)]
+    times = times[:5] + [t + 0.045 for t in times[5:]]          # the 5th gap is 50 ms: 10 steps
+    a = RequestRecord(0, -0.1, 100, 10, times[0], times[-1], token_times_s=list(times))
+    b = RequestRecord(1, -0.1, 100, 11, times[0], times[-1], token_times_s=list(times))   # one merged token
+    tail = decode_gap_tail([a, b], lat)
+    assert tail["gaps"] == 18 and tail["median ratio"] == pytest.approx(1.0)
+    assert tail["long share"] == pytest.approx(2 / 18) and tail["long excess share"] == pytest.approx(1.0)
+    # b took 10 steps in 9 gaps: its fitted time counts 10 steps
+    assert tail["time ratio"] == pytest.approx((18 * 0.005 + 2 * 0.045) / (9 * 0.005 + 10 * 0.005))
+    assert tail["stall s per request"] == pytest.approx(0.045 / 2)
+    assert tail["shared chunk tokens"] == pytest.approx(1 / 21)
+    with pytest.raises(ValueError, match="two or more token times"):
+        decode_gap_tail([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], lat)

@@ -165,11 +165,11 @@ def test_calibrate_recovers_the_scripted_engine(monkeypatch):
     res = probes.calibrate("http://p", plan="smoke", meta={"note": "scripted"})
     assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
     assert list(res.latency.decode) == pytest.approx(DEC, rel=1e-6)
-    # smoke: one prefill pass over 3 lengths; decode pairs (1, 32), (1, 128), (8, 32), (8, 128), once each
+    # smoke: one prefill pass over 3 lengths; decode pairs (1, 32), (1, 256), (16, 32), (16, 256), once each
     assert [p.prefill_tokens for p in res.prefill_points] == [17, 257, 1025]
-    assert [(p.decode_batch, p.prompt_tokens) for p in res.decode_points] == [(1, 32), (1, 128), (8, 32),
-                                                                                   (8, 128)]
-    assert [c[1:] for c in engine.calls] == [(3, 1, 1), (1, 16, None), (1, 16, None), (8, 16, None), (8, 16, None)]
+    assert [(p.decode_batch, p.prompt_tokens) for p in res.decode_points] == [(1, 32), (1, 256), (16, 32),
+                                                                                   (16, 256)]
+    assert [c[1:] for c in engine.calls] == [(3, 1, 1), (1, 16, None), (1, 16, None), (16, 16, None), (16, 16, None)]
     assert res.kv_link is None and res.contention is None and res.admission is None
     assert res.latency.meta["note"] == "scripted" and res.latency.meta["fit"]["prefill"]["r2"] == pytest.approx(1.0)
     # one 1,024-token prompt from the fitted model: 0.010 + 2e-5·1024 + 1e-9·1024²

@@ -38,6 +38,7 @@ __all__ = [
     "tail",
     "parse_cpu_list",
     "pin_threads",
+    "thread_ids",
     "pinned",
     "listening_sockets",
     "wait_http_ok",
@@ -145,6 +146,14 @@ def parse_cpu_list(spec: str) -> set[int]:
     return cpus
 
 
+def thread_ids(pid: int) -> list[int]:
+    """The thread IDs of process ``pid`` (Linux ``/proc/PID/task``); empty when it has gone."""
+    try:
+        return [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return []
+
+
 def pin_threads(pids: Sequence[int], cpus: set[int]) -> int:
     """Set the CPU affinity of every thread of each process in ``pids`` to ``cpus`` (Linux).
 
@@ -154,11 +163,7 @@ def pin_threads(pids: Sequence[int], cpus: set[int]) -> int:
     """
     n = 0
     for pid in pids:
-        try:
-            tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
-        except OSError:
-            continue
-        for tid in tids:
+        for tid in thread_ids(pid):
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(tid, cpus)
                 n += 1

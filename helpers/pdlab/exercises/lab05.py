@@ -19,7 +19,9 @@ def max_decode_batch(latency: FittedLatency, context_tokens: int, step_budget_s:
     if step_budget_s < a + per_seq:
         return 0
     if per_seq <= 0:
-        raise ValueError("the fitted decode row does not grow with the batch: no largest batch")
+        raise ValueError(f"the fitted decode row (a, b, c) = {latency.decode} does not grow with the batch, so "
+                         "no batch is the largest: the decode probe could not tell its batches apart (a "
+                         "busy machine?); run the calibration again")
     return int(math.floor((step_budget_s - a) / per_seq + 1e-9))
 
 

@@ -76,6 +76,7 @@ __all__ = [
     "quiet_ttft_ratio",
     "refit_decode_contention_on_run",
     "step_ratio_windows",
+    "decode_gap_tail",
     "prefill_quiet_requests",
     "refit_prefill_on_run",
     "refit_front_end_on_run",
@@ -591,6 +592,14 @@ def rate_for_load(requests: Sequence[Request], latency: FittedLatency, load: flo
     return load / mean_s
 
 
+def _streamed(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The completed records with two or more token times (at least one gap); ValueError if none."""
+    recs = [r for r in records if r.ok and r.token_times_s is not None and len(r.token_times_s) >= 2]
+    if not recs:
+        raise ValueError("no record with two or more token times")
+    return recs
+
+
 def _run_step_gaps(records: Sequence[RequestRecord]) -> list[tuple[int, int, float, bool]]:
     """Every token gap of a live run as one decode step of the server: (batch B, context Σ(p + k),
     gap s, quiet). B is the number of streams between their first and last token at the gap's
@@ -598,9 +607,7 @@ def _run_step_gaps(records: Sequence[RequestRecord]) -> list[tuple[int, int, flo
     − 1: the gap from token k to k + 1 reads p + k, the decode probe's and the simulator's
     accounting). A gap is *quiet* when no request is waiting for its first token (no prefill, no
     hand-off under way): there the step is pure decode, what the decode probe measures."""
-    recs = [r for r in records if r.ok and r.token_times_s is not None and len(r.token_times_s) >= 2]
-    if not recs:
-        raise ValueError("no record with two or more token times")
+    recs = _streamed(records)
     times = [np.asarray(r.token_times_s, dtype=float) for r in recs]
     first = np.array([t[0] for t in times])
     last = np.array([t[-1] for t in times])
@@ -747,9 +754,7 @@ def step_ratio_windows(records: Sequence[RequestRecord], latency: FittedLatency,
     median live ÷ fitted step (``ratio``) and the mean batch. The spread of ``ratio`` within one
     run is the machine's own repeatability, seconds apart, at the same batch and context: no fit
     predicts a run better than the run repeats itself."""
-    recs = [r for r in records if r.ok and r.token_times_s is not None and len(r.token_times_s) >= 2]
-    if not recs:
-        raise ValueError("no record with two or more token times")
+    recs = _streamed(records)
     t0 = min(r.arrival_s for r in records)
     mids = [0.5 * (t[1:] + t[:-1]) for t in (np.asarray(r.token_times_s, dtype=float) for r in recs)]
     rows = [(float(m), b, gap / latency.step_time_s(0, 0.0, b, ctx))
@@ -761,6 +766,43 @@ def step_ratio_windows(records: Sequence[RequestRecord], latency: FittedLatency,
             out.append({"start_s": k * window_s, "gaps": len(sel), "ratio": float(np.median([x for _, x in sel])),
                         "mean batch": float(np.mean([b for b, _ in sel]))})
     return out
+
+
+def decode_gap_tail(records: Sequence[RequestRecord], latency: FittedLatency, *, long_factor: float = 2.0
+                    ) -> dict[str, float]:
+    """Where a run's decode time goes beyond the fitted step: every token gap of the run
+    (:func:`_run_step_gaps`) against the fitted step of its batch and context.
+
+    Returns ``gaps``; ``median ratio`` (live ÷ fitted, what the quiet-step checks read);
+    ``time ratio``, the live gaps' total over the fitted time of every step the requests took
+    (what TPOT, a mean over output tokens − 1 steps, sees: a request whose chunks hid steps has its
+    fitted gaps scaled by its steps ÷ its gaps); ``long share``, the share of gaps longer than
+    ``long_factor`` fitted steps, and ``long excess share``, their share of the gaps' time beyond
+    the fit (Σ (live − fitted)); ``stall s per request``, the wall-clock seconds in which some
+    stream's gap ran past one fitted step by ``long_factor`` (the union over streams: one stall
+    seen by ten streams counts once) per request; and ``shared chunk tokens``, the share of output
+    tokens that arrived in a chunk holding more than one (output tokens the server counted minus
+    chunks the client timed: the API server fell behind and merged them, so the gap before such
+    a chunk spans two or more engine steps and reads long)."""
+    recs = _streamed(records)
+    starts = np.concatenate([np.asarray(r.token_times_s, dtype=float)[:-1] for r in recs])
+    rows = _run_step_gaps(recs)
+    gap = np.array([g for _, _, g, _ in rows])
+    fit = np.array([latency.step_time_s(0, 0.0, b, ctx) for b, ctx, _, _ in rows])
+    long = gap > long_factor * fit
+    excess = float(np.sum(gap - fit))
+    gaps_of = [len(r.token_times_s) - 1 for r in recs]
+    steps_per_gap = np.concatenate([np.full(n, max(r.output_tokens - 1, n) / n) for r, n in zip(recs, gaps_of, strict=True)])
+    stall, end = 0.0, -np.inf
+    for a, b in sorted(zip(starts[long] + fit[long], starts[long] + gap[long], strict=True)):
+        stall += max(0.0, b - max(a, end))
+        end = max(end, b)
+    out_tokens = sum(r.output_tokens for r in recs)
+    return {"gaps": len(gap), "median ratio": float(np.median(gap / fit)),
+            "time ratio": float(gap.sum() / np.sum(fit * steps_per_gap)), "long share": float(long.mean()),
+            "long excess share": float(np.sum((gap - fit)[long]) / excess) if excess > 0 else float("nan"),
+            "stall s per request": float(stall / len(recs)),
+            "shared chunk tokens": sum(max(0, r.output_tokens - len(r.token_times_s)) for r in recs) / out_tokens}
 
 
 def refit_decode_contention_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *,
