@@ -1,0 +1,129 @@
+"""Does the pair's prefill contention transfer between rates? (issue 26, offline on lab 05's output)
+
+Lab 05's run fit charges the prefill role of the CPU pair a contention ``c_p`` (prefill steps are
+``1 + c_p`` times slower while the decode role works), measured on the few prefill-quiet requests
+of one rate that waited while others streamed, and predicts the other rates with it. This reads a
+finished lab 05 run (its ``OUT_DIR``: profiles, records, CPU samples, KV capacity) and replays
+every held-out prediction of the pair with three values of ``c_p``:
+
+- **run**: the run fit's, as lab 05 uses it (one constant, fitted at the fit rate);
+- **probe**: the calibration probe's (many streams decoding at once, before any workload);
+- **per stream**: the run's value scaled by the decode streams a waiting request meets in the
+  replay at the target rate ÷ at the fit rate (a fixed point of three replays): the hypothesis
+  that the slowdown comes from the decode role's streaming work on the prefill core, which grows
+  with the streams.
+
+It prints, per fit rate, ``c_p``, how many requests set it, the streams a waiting request met
+(live, per rate) and ``c_p`` per stream; then per variant how many held-out predictions have
+both medians (TTFT, TPOT) within 10 %, TTFT within 10 %, and the mean |TTFT error|.
+
+    .venv/bin/python benchmarks/prefill_contention_transfer.py build/lab05 [build/lab05_2 ...]
+
+Prints figures; not a test. Starts nothing. The run fit repeats lab 05's ``run_fit`` for the pair
+with ``RESERVE_DECODE_CORE`` on a CPU (the default there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from pdlab.metrics import RequestRecord, read_records, tpot_s, ttft_s
+from pdlab.sim.latency import FittedLatency
+from pdlab.simreal.calibrate import (
+    load_calibration,
+    refit_decode_contention_on_run,
+    refit_front_end_on_run,
+    refit_handoff_on_run,
+    refit_prefill_core_load_on_run,
+    requests_from_records,
+    scale_decode_on_run,
+    simulate_like_live,
+)
+
+TOKEN_BUDGET, MAX_NUM_SEQS = 2048, 128   # lab 05's defaults
+MODE = "disaggregated"
+
+
+def streams_met(records: list[RequestRecord]) -> float:
+    """The time-mean number of streams (first token given, not finished) during a request's wait
+    for its first token, averaged over the requests that met at least one."""
+    ok = [r for r in records if r.ok and r.first_token_s is not None and r.finish_s is not None]
+    seen = []
+    for r in ok:
+        wait = r.first_token_s - r.arrival_s
+        if wait > 0:
+            overlap = sum(max(0.0, min(r.first_token_s, o.finish_s) - max(r.arrival_s, o.first_token_s))
+                          for o in ok if o is not r)
+            seen.append(overlap / wait)
+    met = [s for s in seen if s > 0]
+    return float(np.mean(met)) if met else 0.0
+
+
+def with_prefill_contention(latency: FittedLatency, c_p: float) -> FittedLatency:
+    """``latency`` with its prefill role's contention set to ``c_p``."""
+    cont = {"decode": 0.0, **(latency.meta.get("cpu_contention") or {}), "prefill": float(c_p)}
+    return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp,
+                         meta={**latency.meta, "cpu_contention": cont})
+
+
+def median_error(sims: list[RequestRecord], live: list[RequestRecord], metric) -> float:
+    """Simulated ÷ live median − 1."""
+    return float(np.median(metric(sims)) / np.median(metric(live)) - 1)
+
+
+def report(out_dir: Path) -> dict[str, list[tuple[float, float]]]:
+    """Print one lab 05 run's held-out predictions of the pair; return (TTFT, TPOT) errors per variant."""
+    cal = load_calibration(out_dir / f"{MODE}_profile.json")
+    kv = int(json.loads((out_dir / "kv_capacity.json").read_text())[MODE])
+    sim_kw = dict(kv_capacity_tokens=kv, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS)
+    rates = sorted(float(p.name.split("_")[1].removesuffix("rps")) for p in out_dir.glob(f"{MODE}_*rps_records.jsonl"))
+    live = {r: read_records(out_dir / f"{MODE}_{r:g}rps_records.jsonl") for r in rates}
+    samples = {r: json.loads((out_dir / f"{MODE}_{r:g}rps_cpu_samples.json").read_text()) for r in rates}
+    probe_cp = float(cal.latency.meta["cpu_contention"]["prefill"])
+
+    def replay(rate: float, lat: FittedLatency) -> list[RequestRecord]:
+        return simulate_like_live(requests_from_records(live[rate]), MODE, lat, **sim_kw)
+
+    print(f"{out_dir}: rates {rates} req/s; probe c_p {probe_cp:.2f}; streams a waiting request met, live: "
+          + " / ".join(f"{streams_met(live[r]):.2f}" for r in rates))
+    errors: dict[str, list[tuple[float, float]]] = {"run": [], "probe": [], "per stream": []}
+    for fit_rate in rates:
+        recs = live[fit_rate]
+        fit = refit_decode_contention_on_run(scale_decode_on_run(cal.latency, recs), recs)
+        fit = refit_prefill_core_load_on_run(fit, samples[fit_rate], recs, per_request_only=True)
+        fit = refit_front_end_on_run(refit_handoff_on_run(fit, recs, cap_at_probe=False, **sim_kw), recs, MODE, **sim_kw)
+        c_p = float(fit.meta["cpu_contention"]["prefill"])
+        at_fit = streams_met(replay(fit_rate, fit))
+        print(f"  fitted on {fit_rate:g} req/s: c_p {c_p:.2f} from {fit.meta['fit']['handoff']['busy_requests']} "
+              f"requests; streams met in its replay {at_fit:.2f}; c_p per stream {c_p / max(at_fit, 1e-9):.2f}")
+        for rate in rates:
+            if rate == fit_rate:
+                continue
+            scaled = c_p
+            for _ in range(3):   # the streams at the target rate depend a little on c_p itself
+                scaled = c_p * streams_met(replay(rate, with_prefill_contention(fit, scaled))) / max(at_fit, 1e-9)
+            for name, value in (("run", c_p), ("probe", probe_cp), ("per stream", scaled)):
+                sims = replay(rate, with_prefill_contention(fit, value))
+                errors[name].append((median_error(sims, live[rate], ttft_s), median_error(sims, live[rate], tpot_s)))
+            print(f"    → {rate:g} req/s: TTFT p50 error, c_p run / probe / per stream ({scaled:.2f}): "
+                  + " / ".join(f"{errors[n][-1][0]:+.0%}" for n in errors))
+    for name, errs in errors.items():
+        both = sum(abs(t) <= 0.1 and abs(p) <= 0.1 for t, p in errs)
+        ttft_ok = sum(abs(t) <= 0.1 for t, _ in errs)
+        print(f"  c_p {name:>10}: both medians within 10 % {both}/{len(errs)}, TTFT within 10 % {ttft_ok}/{len(errs)}, "
+              f"mean |TTFT error| {np.mean([abs(t) for t, _ in errs]):.1%}")
+    return errors
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out_dirs", nargs="+", type=Path, help="lab 05 OUT_DIRs (profiles, records, CPU samples)")
+    for out_dir in ap.parse_args().out_dirs:
+        report(out_dir)
+
+
+if __name__ == "__main__":
+    main()
