@@ -11,13 +11,17 @@ every held-out prediction of the pair with three values of ``c_p``:
 - **per stream**: the run's value scaled by the decode streams a waiting request meets in the
   replay at the target rate ÷ at the fit rate (a fixed point of three replays): the hypothesis
   that the slowdown comes from the decode role's streaming work on the prefill core, which grows
-  with the streams.
+  with the streams;
+- **shrunk**: the run's value and the probe's weighted by the requests that set the run's value
+  (``n``) and ``--prior-requests`` (``n0``): (n·run + n0·probe) ÷ (n + n0). A rate with few
+  prefill-quiet requests that waited while others streamed leans on the probe.
 
 It prints, per fit rate, ``c_p``, how many requests set it, the streams a waiting request met
 (live, per rate) and ``c_p`` per stream; then per variant how many held-out predictions have
 both medians (TTFT, TPOT) within 10 %, TTFT within 10 %, and the mean |TTFT error|.
 
     .venv/bin/python benchmarks/prefill_contention_transfer.py build/lab05 [build/lab05_2 ...]
+        [--prior-requests 10]
 
 Prints figures; not a test. Starts nothing. The run fit repeats lab 05's ``run_fit`` for the pair
 with ``RESERVE_DECODE_CORE`` on a CPU (the default there).
@@ -74,7 +78,16 @@ def median_error(sims: list[RequestRecord], live: list[RequestRecord], metric) -
     return float(np.median(metric(sims)) / np.median(metric(live)) - 1)
 
 
-def report(out_dir: Path) -> dict[str, list[tuple[float, float]]]:
+def print_summary(errors: dict[str, list[tuple[float, float]]]) -> None:
+    """Per variant: predictions with both medians within 10 %, with TTFT within 10 %, mean |TTFT error|."""
+    for name, errs in errors.items():
+        both = sum(abs(t) <= 0.1 and abs(p) <= 0.1 for t, p in errs)
+        ttft_ok = sum(abs(t) <= 0.1 for t, _ in errs)
+        print(f"  c_p {name:>10}: both medians within 10 % {both}/{len(errs)}, TTFT within 10 % {ttft_ok}/{len(errs)}, "
+              f"mean |TTFT error| {np.mean([abs(t) for t, _ in errs]):.1%}")
+
+
+def report(out_dir: Path, prior_requests: float) -> dict[str, list[tuple[float, float]]]:
     """Print one lab 05 run's held-out predictions of the pair; return (TTFT, TPOT) errors per variant."""
     cal = load_calibration(out_dir / f"{MODE}_profile.json")
     kv = int(json.loads((out_dir / "kv_capacity.json").read_text())[MODE])
@@ -89,40 +102,48 @@ def report(out_dir: Path) -> dict[str, list[tuple[float, float]]]:
 
     print(f"{out_dir}: rates {rates} req/s; probe c_p {probe_cp:.2f}; streams a waiting request met, live: "
           + " / ".join(f"{streams_met(live[r]):.2f}" for r in rates))
-    errors: dict[str, list[tuple[float, float]]] = {"run": [], "probe": [], "per stream": []}
+    errors: dict[str, list[tuple[float, float]]] = {"run": [], "probe": [], "per stream": [], "shrunk": []}
     for fit_rate in rates:
         recs = live[fit_rate]
         fit = refit_decode_contention_on_run(scale_decode_on_run(cal.latency, recs), recs)
         fit = refit_prefill_core_load_on_run(fit, samples[fit_rate], recs, per_request_only=True)
         fit = refit_front_end_on_run(refit_handoff_on_run(fit, recs, cap_at_probe=False, **sim_kw), recs, MODE, **sim_kw)
         c_p = float(fit.meta["cpu_contention"]["prefill"])
+        n = fit.meta["fit"]["handoff"]["busy_requests"]
+        shrunk = (n * c_p + prior_requests * probe_cp) / (n + prior_requests)
         at_fit = streams_met(replay(fit_rate, fit))
-        print(f"  fitted on {fit_rate:g} req/s: c_p {c_p:.2f} from {fit.meta['fit']['handoff']['busy_requests']} "
-              f"requests; streams met in its replay {at_fit:.2f}; c_p per stream {c_p / max(at_fit, 1e-9):.2f}")
+        print(f"  fitted on {fit_rate:g} req/s: c_p {c_p:.2f} from {n} requests (shrunk {shrunk:.2f});"
+              f" streams met in its replay {at_fit:.2f}; c_p per stream {c_p / max(at_fit, 1e-9):.2f}")
         for rate in rates:
             if rate == fit_rate:
                 continue
             scaled = c_p
             for _ in range(3):   # the streams at the target rate depend a little on c_p itself
                 scaled = c_p * streams_met(replay(rate, with_prefill_contention(fit, scaled))) / max(at_fit, 1e-9)
-            for name, value in (("run", c_p), ("probe", probe_cp), ("per stream", scaled)):
+            for name, value in (("run", c_p), ("probe", probe_cp), ("per stream", scaled), ("shrunk", shrunk)):
                 sims = replay(rate, with_prefill_contention(fit, value))
                 errors[name].append((median_error(sims, live[rate], ttft_s), median_error(sims, live[rate], tpot_s)))
-            print(f"    → {rate:g} req/s: TTFT p50 error, c_p run / probe / per stream ({scaled:.2f}): "
+            print(f"    → {rate:g} req/s: TTFT p50 error, c_p run / probe / per stream ({scaled:.2f}) / shrunk: "
                   + " / ".join(f"{errors[n][-1][0]:+.0%}" for n in errors))
-    for name, errs in errors.items():
-        both = sum(abs(t) <= 0.1 and abs(p) <= 0.1 for t, p in errs)
-        ttft_ok = sum(abs(t) <= 0.1 for t, _ in errs)
-        print(f"  c_p {name:>10}: both medians within 10 % {both}/{len(errs)}, TTFT within 10 % {ttft_ok}/{len(errs)}, "
-              f"mean |TTFT error| {np.mean([abs(t) for t, _ in errs]):.1%}")
+    print_summary(errors)
     return errors
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out_dirs", nargs="+", type=Path, help="lab 05 OUT_DIRs (profiles, records, CPU samples)")
-    for out_dir in ap.parse_args().out_dirs:
-        report(out_dir)
+    ap.add_argument("--prior-requests", type=float, default=10.0,
+                    help="n0, the probe's weight in requests for the shrunk variant (default 10)")
+    args = ap.parse_args()
+    if args.prior_requests < 0:
+        ap.error(f"--prior-requests must be >= 0, got {args.prior_requests}")
+    totals: dict[str, list[tuple[float, float]]] = {}
+    for out_dir in args.out_dirs:
+        for name, errs in report(out_dir, args.prior_requests).items():
+            totals.setdefault(name, []).extend(errs)
+    if len(args.out_dirs) > 1:
+        print(f"all {len(args.out_dirs)} runs:")
+        print_summary(totals)
 
 
 if __name__ == "__main__":

@@ -830,3 +830,16 @@ def test_decode_gap_tail_finds_one_stall_shared_by_two_streams_and_merged_chunks
     assert tail["shared chunk tokens"] == pytest.approx(1 / 21)
     with pytest.raises(ValueError, match="two or more token times"):
         decode_gap_tail([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], lat)
+
+
+def test_every_public_function_of_calibrate_is_exported():
+    """Lab 05 imports the run-fit helpers by name: each public top-level function and class of the
+    module is in its ``__all__`` (scale_decode_on_run and match_prefill_contention_on_run were not)."""
+    import inspect
+
+    import pdlab.simreal.calibrate as cal
+
+    public = {name for name, obj in vars(cal).items() if not name.startswith("_")
+              and (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == cal.__name__}
+    assert public - set(cal.__all__) == set()
+    assert {"scale_decode_on_run", "match_prefill_contention_on_run"} <= set(cal.__all__)
