@@ -42,10 +42,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from machine_steadiness import kernels  # noqa: E402, I001  (a sibling script: benchmarks/ is on sys.path)
-from pdlab.paths import build_dir  # noqa: E402
 from pdlab.serve import colocated, free_port  # noqa: E402
 from pdlab.serve.cpucost import machine_cpu_seconds  # noqa: E402
-from pdlab.serve.modelbuild import build_model  # noqa: E402
+from pdlab.serve.modelbuild import tiny_model_dir  # noqa: E402
 from pdlab.serve.probes import probe_decode, probe_prefill  # noqa: E402
 
 COLUMNS = {"prefill": "engine: 1024-token prefill (ms)", "decode": "engine: decode gap b=8 (ms)",
@@ -74,9 +73,7 @@ def kernel_times_s(core: int, seconds: float = 0.3) -> dict[str, float]:
 
 def rounds(seconds: float) -> list[dict[str, float]]:
     """Start the server, repeat rounds for ``seconds``, stop it; one row (seconds) per round."""
-    model_dir = build_dir() / "models" / "tiny"
-    if not (model_dir / "model.safetensors").exists():
-        build_model("tiny", model_dir, overwrite=True)
+    model_dir = tiny_model_dir()
     kw = dict(max_model_len=2048 + 80, max_num_seqs=128, max_num_batched_tokens=2048)
     rows = []
     with colocated(model_dir, port=free_port(), cores="0", **kw) as dep, dep.engine_cores_reserved():

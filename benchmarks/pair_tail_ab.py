@@ -34,12 +34,11 @@ import os
 import numpy as np
 from decode_bias_ab import _cpu_table, _roles, _snapshot  # noqa: I001  (a sibling script: benchmarks/ is on sys.path)
 from pdlab.metrics import tpot_s, ttft_s
-from pdlab.paths import build_dir
 from pdlab.process import thread_ids
 from pdlab.serve import DeployPorts, disaggregated
 from pdlab.serve.bench import build_workload, run_bench
 from pdlab.serve.cpucost import machine_cpu_seconds
-from pdlab.serve.modelbuild import build_model
+from pdlab.serve.modelbuild import tiny_model_dir
 from pdlab.serve.probes import PROBE_PLANS, probe_decode, probe_prefill
 from pdlab.simreal.calibrate import decode_gap_tail, fit_profile
 
@@ -87,9 +86,7 @@ def main() -> None:
     args = ap.parse_args()
     _can_renice()
 
-    model_dir = build_dir() / "models" / "tiny"
-    if not (model_dir / "model.safetensors").exists():
-        build_model("tiny", model_dir, overwrite=True)
+    model_dir = tiny_model_dir()
     kw = dict(max_model_len=2048, max_num_seqs=128, max_num_batched_tokens=2048)   # lab 05's SERVER_KW
     plan = PROBE_PLANS["ci"]
     reqs = build_workload("sharegpt-stratified", rate_rps=args.rate, n=args.requests, seed=0,  # lab 05's mix

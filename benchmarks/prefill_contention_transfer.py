@@ -23,7 +23,7 @@ both medians (TTFT, TPOT) within 10 %, TTFT within 10 %, and the mean |TTFT erro
     .venv/bin/python benchmarks/prefill_contention_transfer.py build/lab05 [build/lab05_2 ...]
         [--prior-requests 10]
 
-Prints figures; not a test. Starts nothing. The run fit repeats lab 05's ``run_fit`` for the pair
+Prints figures; not a test. Starts nothing. The run fit is lab 05's (``fit_on_run``) for the pair
 with ``RESERVE_DECODE_CORE`` on a CPU (the default there).
 """
 
@@ -37,14 +37,11 @@ import numpy as np
 from pdlab.metrics import RequestRecord, read_records, tpot_s, ttft_s
 from pdlab.sim.latency import FittedLatency
 from pdlab.simreal.calibrate import (
+    fit_on_run,
     load_calibration,
-    refit_decode_contention_on_run,
-    refit_front_end_on_run,
-    refit_handoff_on_run,
-    refit_prefill_core_load_on_run,
     requests_from_records,
-    scale_decode_on_run,
     simulate_like_live,
+    with_prefill_contention,
 )
 
 TOKEN_BUDGET, MAX_NUM_SEQS = 2048, 128   # lab 05's defaults
@@ -64,13 +61,6 @@ def streams_met(records: list[RequestRecord]) -> float:
             seen.append(overlap / wait)
     met = [s for s in seen if s > 0]
     return float(np.mean(met)) if met else 0.0
-
-
-def with_prefill_contention(latency: FittedLatency, c_p: float) -> FittedLatency:
-    """``latency`` with its prefill role's contention set to ``c_p``."""
-    cont = {"decode": 0.0, **(latency.meta.get("cpu_contention") or {}), "prefill": float(c_p)}
-    return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp,
-                         meta={**latency.meta, "cpu_contention": cont})
 
 
 def median_error(sims: list[RequestRecord], live: list[RequestRecord], metric) -> float:
@@ -104,10 +94,7 @@ def report(out_dir: Path, prior_requests: float) -> dict[str, list[tuple[float, 
           + " / ".join(f"{streams_met(live[r]):.2f}" for r in rates))
     errors: dict[str, list[tuple[float, float]]] = {"run": [], "probe": [], "per stream": [], "shrunk": []}
     for fit_rate in rates:
-        recs = live[fit_rate]
-        fit = refit_decode_contention_on_run(scale_decode_on_run(cal.latency, recs), recs)
-        fit = refit_prefill_core_load_on_run(fit, samples[fit_rate], recs, per_request_only=True)
-        fit = refit_front_end_on_run(refit_handoff_on_run(fit, recs, cap_at_probe=False, **sim_kw), recs, MODE, **sim_kw)
+        fit = fit_on_run(cal.latency, live[fit_rate], MODE, prefill_core_samples=samples[fit_rate], **sim_kw)
         c_p = float(fit.meta["cpu_contention"]["prefill"])
         n = fit.meta["fit"]["handoff"]["busy_requests"]
         shrunk = (n * c_p + prior_requests * probe_cp) / (n + prior_requests)

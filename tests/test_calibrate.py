@@ -843,3 +843,30 @@ def test_every_public_function_of_calibrate_is_exported():
               and (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == cal.__name__}
     assert public - set(cal.__all__) == set()
     assert {"scale_decode_on_run", "match_prefill_contention_on_run"} <= set(cal.__all__)
+
+
+def test_fit_on_run_chains_the_run_refits_of_each_set_up():
+    """Lab 05's run fit: colocated, the decode row scaled to the run and the front-end delay; a
+    pair, also the decode role's contention, the prefill core's co-runners when their samples are
+    given, and the hand-off with the prefill contention uncapped; the prefill row stays the probe's."""
+    from pdlab.simreal.calibrate import (fit_on_run, refit_decode_contention_on_run, refit_front_end_on_run,
+                                         refit_handoff_on_run, scale_decode_on_run)
+    from pdlab.workloads import Request
+
+    rng = np.random.default_rng(4)
+    arrivals = np.cumsum(rng.exponential(1 / 3.0, 100))
+    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
+    meta = {"kv_link": {"latency_s": 0.010, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.15, "decode": 0.05}}
+    probe = FittedLatency(TRUE.prefill, [1.2 * c for c in TRUE.decode], meta={
+        "kv_link": {"latency_s": 0.025, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.05, "decode": 0.0}})
+    for mode in ("colocated", "disaggregated"):
+        live = simulate_like_live(reqs, mode, FittedLatency(TRUE.prefill, TRUE.decode, meta=meta), front_end_s=0.02)
+        fit = fit_on_run(probe, live, mode)
+        step = scale_decode_on_run(probe, live)
+        if mode == "disaggregated":
+            step = refit_handoff_on_run(refit_decode_contention_on_run(step, live), live, cap_at_probe=False)
+            assert fit.meta["cpu_contention"]["prefill"] > probe.meta["cpu_contention"]["prefill"]   # uncapped
+        step = refit_front_end_on_run(step, live, mode)
+        assert fit.prefill == probe.prefill and fit.decode == pytest.approx(step.decode)
+        assert fit.meta["front_end_s"] == pytest.approx(step.meta["front_end_s"])
+        assert fit.meta["cpu_contention"] == step.meta["cpu_contention"] and fit.meta.get("kv_link") == step.meta.get("kv_link")

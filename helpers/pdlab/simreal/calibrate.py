@@ -83,6 +83,8 @@ __all__ = [
     "refit_front_end_on_run",
     "refit_handoff_on_run",
     "match_prefill_contention_on_run",
+    "with_prefill_contention",
+    "fit_on_run",
     "arrival_rate_rps",
     "with_prefill_core_load",
     "refit_prefill_core_load_on_run",
@@ -1038,7 +1040,7 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     cal = Calibration.from_latency(latency)
     link = cal.kv_link or LinkFit(0.0, 0.0)
     probe_cont = dict(latency.meta.get("cpu_contention") or {"prefill": 0.0, "decode": 0.0})
-    no_cp = _with_prefill_contention(latency, 0.0)
+    no_cp = with_prefill_contention(latency, 0.0)
     pairs = _quiet_replay_pairs(no_cp, records, "disaggregated", 1, front_end_s=0.0, **sim_kwargs)
     ok = [r for r in records if r.ok and r.first_token_s is not None]
     idle = [(r, s) for r, s in pairs if not _decode_busy_while_waiting(r, ok)]
@@ -1061,6 +1063,28 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
 
 
+def fit_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
+               prefill_core_samples: Sequence[Sequence[Sequence[float]]] | None = None,
+               **sim_kwargs: Any) -> FittedLatency:
+    """Lab 05's observe-then-predict calibration: the probe's fit ``latency`` refitted on one live
+    run (``records``) of the set-up ``mode``. The decode row is scaled to the run's quiet steps
+    (:func:`scale_decode_on_run`); for a prefill/decode pair, the decode role's contention
+    (:func:`refit_decode_contention_on_run`), the CPU the prefill core's co-runners spend per
+    request when their CPU samples are given (``prefill_core_samples``, one list per block of
+    :class:`~pdlab.serve.cpucost.CPUSampler` samples; :func:`refit_prefill_core_load_on_run`), and
+    the hand-off's level and the prefill role's contention, not capped at the probe's
+    (:func:`refit_handoff_on_run`); then the front-end delay (:func:`refit_front_end_on_run`).
+    ``sim_kwargs`` go to every replay. The prefill row stays the probe's. Raises ValueError when
+    the run has too few quiet steps or prefill-quiet requests to fit on."""
+    fit = scale_decode_on_run(latency, records)
+    if mode == "disaggregated":
+        fit = refit_decode_contention_on_run(fit, records)
+        if prefill_core_samples is not None:
+            fit = refit_prefill_core_load_on_run(fit, prefill_core_samples, records, per_request_only=True)
+        fit = refit_handoff_on_run(fit, records, cap_at_probe=False, **sim_kwargs)
+    return refit_front_end_on_run(fit, records, mode, **sim_kwargs)
+
+
 def match_prefill_contention_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *,
                                     iterations: int = 12, max_contention: float = 8.0,
                                     **sim_kwargs: Any) -> FittedLatency:
@@ -1080,7 +1104,7 @@ def match_prefill_contention_on_run(latency: FittedLatency, records: Sequence[Re
     before = float((latency.meta.get("cpu_contention") or {}).get("prefill", 0.0))
 
     def too_fast(c: float) -> bool:
-        replay = simulate_like_live(reqs, "disaggregated", _with_prefill_contention(latency, c), **sim_kwargs)
+        replay = simulate_like_live(reqs, "disaggregated", with_prefill_contention(latency, c), **sim_kwargs)
         return float(np.median(ttft_s(replay))) < live
 
     lo, hi = 0.0, max_contention
@@ -1091,15 +1115,16 @@ def match_prefill_contention_on_run(latency: FittedLatency, records: Sequence[Re
     for _ in range(iterations if lo < hi else 0):
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if too_fast(mid) else (lo, mid)
-    fitted = _with_prefill_contention(latency, 0.5 * (lo + hi))
+    fitted = with_prefill_contention(latency, 0.5 * (lo + hi))
     fitted.meta["fit"] = {**fitted.meta.get("fit", {}), "prefill_contention_match": {
         "before": before, "after": 0.5 * (lo + hi), "live_ttft_p50_s": live,
         "source": "live run, the replay's median TTFT matched to the run's"}}
     return fitted
 
 
-def _with_prefill_contention(latency: FittedLatency, c_p: float) -> FittedLatency:
-    """``latency`` with ``meta["cpu_contention"]["prefill"] = c_p`` (decode's kept, 0 where unset)."""
+def with_prefill_contention(latency: FittedLatency, c_p: float) -> FittedLatency:
+    """``latency`` with its prefill role's contention ``meta["cpu_contention"]["prefill"] = c_p``
+    (the decode role's kept, 0 where unset)."""
     cont = {"decode": 0.0, **(latency.meta.get("cpu_contention") or {}), "prefill": float(c_p)}
     return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp,
                          meta={**latency.meta, "cpu_contention": cont})
