@@ -34,12 +34,11 @@ import time
 
 import numpy as np
 import psutil
-from pdlab.paths import build_dir
 from pdlab.process import free_port, pinned
 from pdlab.serve import colocated
 from pdlab.serve.bench import build_workload, run_bench
 from pdlab.serve.cpucost import machine_cpu_seconds, tree_processes
-from pdlab.serve.modelbuild import build_model
+from pdlab.serve.modelbuild import tiny_model_dir
 
 
 class Sampler(threading.Thread):
@@ -144,9 +143,7 @@ def main() -> None:
     args = ap.parse_args()
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("this benchmark needs two cores")
-    model_dir = build_dir() / "models" / "tiny"
-    if not (model_dir / "model.safetensors").exists():
-        build_model("tiny", model_dir, overwrite=True)
+    model_dir = tiny_model_dir()
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     if "A" in args.layouts.upper():
         run_layout(model_dir, "A, both cores (lab 05)", args.rate, args.requests, args.sample, engine_alone=False)

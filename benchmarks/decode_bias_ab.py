@@ -28,12 +28,11 @@ from pathlib import Path
 
 import numpy as np
 from pdlab.metrics import tpot_s
-from pdlab.paths import build_dir
 from pdlab.serve import DeployPorts, disaggregated
 from pdlab.serve.bench import build_workload, run_bench
 from pdlab.serve.cpucost import tree_processes
 from pdlab.serve.evidence import scrape_metrics
-from pdlab.serve.modelbuild import build_model
+from pdlab.serve.modelbuild import tiny_model_dir
 from pdlab.serve.probes import PROBE_PLANS, probe_decode, probe_prefill
 from pdlab.simreal.calibrate import decode_steps_vs_model, fit_profile, quiet_step_ratio
 
@@ -111,9 +110,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="A/B alternations")
     args = ap.parse_args()
 
-    model_dir = build_dir() / "models" / "tiny"
-    if not (model_dir / "model.safetensors").exists():
-        build_model("tiny", model_dir, overwrite=True)
+    model_dir = tiny_model_dir()
     kw = dict(max_model_len=2048 + 80, max_num_seqs=128, max_num_batched_tokens=2048)
     plan = PROBE_PLANS["ci"]
     with disaggregated(model_dir, ports=DeployPorts.free(), **kw) as dep:

@@ -36,11 +36,10 @@ import sys
 import time
 
 import numpy as np
-from pdlab.paths import build_dir
 from pdlab.serve import colocated, free_port
 from pdlab.serve.bench import build_workload, run_bench
 from pdlab.serve.cpucost import tree_processes
-from pdlab.serve.modelbuild import build_model
+from pdlab.serve.modelbuild import tiny_model_dir
 from pdlab.serve.probes import probe_decode, probe_prefill
 from pdlab.workloads import split_blocks
 
@@ -129,9 +128,7 @@ def main() -> None:
         if not os.path.exists(args.preload):
             raise SystemExit(f"--preload {args.preload}: no such file")
         os.environ["LD_PRELOAD"] = args.preload   # inherited by the servers started below
-    model_dir = build_dir() / "models" / "tiny"
-    if not (model_dir / "model.safetensors").exists():
-        build_model("tiny", model_dir, overwrite=True)
+    model_dir = tiny_model_dir()
     rows = [r for life in range(1, args.lives + 1) for r in one_life(model_dir, life, args)]
     print("\nper life, the last two rounds ÷ the first two (1.00 = no change over the engine's life):")
     keys = ("host kernel (ms)", "prefill 768 (ms)", "decode gap b=8 (ms)")

@@ -4,7 +4,7 @@ Lab 05's run fit charges the prefill role of the CPU pair a contention ``c_p`` (
 ``1 + c_p`` times slower while the decode role works), measured on the few prefill-quiet requests
 of one rate that waited while others streamed, and predicts the other rates with it. This reads a
 finished lab 05 run (its ``OUT_DIR``: profiles, records, CPU samples, KV capacity) and replays
-every held-out prediction of the pair with three values of ``c_p``:
+every held-out prediction of the pair with five values of ``c_p``:
 
 - **run**: the run fit's, as lab 05 uses it (one constant, fitted at the fit rate);
 - **probe**: the calibration probe's (many streams decoding at once, before any workload);
@@ -14,7 +14,10 @@ every held-out prediction of the pair with three values of ``c_p``:
   with the streams;
 - **shrunk**: the run's value and the probe's weighted by the requests that set the run's value
   (``n``) and ``--prior-requests`` (``n0``): (n·run + n0·probe) ÷ (n + n0). A rate with few
-  prefill-quiet requests that waited while others streamed leans on the probe.
+  prefill-quiet requests that waited while others streamed leans on the probe;
+- **matched**: the value at which the run fit's replay of its own rate has that rate's median TTFT
+  (:func:`~pdlab.simreal.calibrate.match_prefill_contention_on_run`): every request of the fit rate
+  sets it, not only the prefill-quiet ones that waited.
 
 It prints, per fit rate, ``c_p``, how many requests set it, the streams a waiting request met
 (live, per rate) and ``c_p`` per stream; then per variant how many held-out predictions have
@@ -39,6 +42,7 @@ from pdlab.sim.latency import FittedLatency
 from pdlab.simreal.calibrate import (
     fit_on_run,
     load_calibration,
+    match_prefill_contention_on_run,
     requests_from_records,
     simulate_like_live,
     with_prefill_contention,
@@ -92,14 +96,16 @@ def report(out_dir: Path, prior_requests: float) -> dict[str, list[tuple[float, 
 
     print(f"{out_dir}: rates {rates} req/s; probe c_p {probe_cp:.2f}; streams a waiting request met, live: "
           + " / ".join(f"{streams_met(live[r]):.2f}" for r in rates))
-    errors: dict[str, list[tuple[float, float]]] = {"run": [], "probe": [], "per stream": [], "shrunk": []}
+    errors: dict[str, list[tuple[float, float]]] = {"run": [], "probe": [], "per stream": [], "shrunk": [],
+                                                     "matched": []}
     for fit_rate in rates:
         fit = fit_on_run(cal.latency, live[fit_rate], MODE, prefill_core_samples=samples[fit_rate], **sim_kw)
         c_p = float(fit.meta["cpu_contention"]["prefill"])
         n = fit.meta["fit"]["handoff"]["busy_requests"]
         shrunk = (n * c_p + prior_requests * probe_cp) / (n + prior_requests)
+        matched = float(match_prefill_contention_on_run(fit, live[fit_rate], **sim_kw).meta["cpu_contention"]["prefill"])
         at_fit = streams_met(replay(fit_rate, fit))
-        print(f"  fitted on {fit_rate:g} req/s: c_p {c_p:.2f} from {n} requests (shrunk {shrunk:.2f});"
+        print(f"  fitted on {fit_rate:g} req/s: c_p {c_p:.2f} from {n} requests (shrunk {shrunk:.2f}, matched {matched:.2f});"
               f" streams met in its replay {at_fit:.2f}; c_p per stream {c_p / max(at_fit, 1e-9):.2f}")
         for rate in rates:
             if rate == fit_rate:
@@ -107,10 +113,11 @@ def report(out_dir: Path, prior_requests: float) -> dict[str, list[tuple[float, 
             scaled = c_p
             for _ in range(3):   # the streams at the target rate depend a little on c_p itself
                 scaled = c_p * streams_met(replay(rate, with_prefill_contention(fit, scaled))) / max(at_fit, 1e-9)
-            for name, value in (("run", c_p), ("probe", probe_cp), ("per stream", scaled), ("shrunk", shrunk)):
+            for name, value in (("run", c_p), ("probe", probe_cp), ("per stream", scaled), ("shrunk", shrunk),
+                                ("matched", matched)):
                 sims = replay(rate, with_prefill_contention(fit, value))
                 errors[name].append((median_error(sims, live[rate], ttft_s), median_error(sims, live[rate], tpot_s)))
-            print(f"    → {rate:g} req/s: TTFT p50 error, c_p run / probe / per stream ({scaled:.2f}) / shrunk: "
+            print(f"    → {rate:g} req/s: TTFT p50 error, c_p run / probe / per stream ({scaled:.2f}) / shrunk / matched: "
                   + " / ".join(f"{errors[n][-1][0]:+.0%}" for n in errors))
     print_summary(errors)
     return errors

@@ -29,11 +29,10 @@ import statistics
 import time
 
 import psutil
-from pdlab.paths import build_dir
 from pdlab.serve import colocated, free_port
 from pdlab.serve.bench import run_bench
 from pdlab.serve.cpucost import tree_processes
-from pdlab.serve.modelbuild import build_model
+from pdlab.serve.modelbuild import tiny_model_dir
 from pdlab.workloads import synthetic_requests
 
 
@@ -54,9 +53,7 @@ def main() -> None:
     ap.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0], help="req/s")
     ap.add_argument("--seconds", type=float, default=12.0, help="length of each rate's run (s)")
     args = ap.parse_args()
-    model_dir = build_dir() / "models" / "tiny"
-    if not (model_dir / "model.safetensors").exists():
-        build_model("tiny", model_dir, overwrite=True)
+    model_dir = tiny_model_dir()
     with colocated(model_dir, port=free_port(), cores="0", max_model_len=2128) as dep, dep.engine_cores_reserved():
         engine = tree_processes(dep.servers[0].process.pid)[1:]   # EngineCore and its Worker
         run_bench(dep.url, synthetic_requests(4, 2.0, prompt_tokens=32, output_tokens=1, seed=1),

@@ -828,6 +828,17 @@ def test_decode_gap_tail_finds_one_stall_shared_by_two_streams_and_merged_chunks
     assert tail["time ratio"] == pytest.approx((18 * 0.005 + 2 * 0.045) / (9 * 0.005 + 10 * 0.005))
     assert tail["stall s per request"] == pytest.approx(0.045 / 2)
     assert tail["shared chunk tokens"] == pytest.approx(1 / 21)
+    # nobody waited for a first token: every gap is quiet
+    assert tail["quiet time ratio"] == pytest.approx(tail["time ratio"]) and tail["waiting share"] == 0.0
+    assert np.isnan(tail["waiting time ratio"])
+    # a third request waits for its first token over the stall and the gap after it: those four
+    # gaps are waiting gaps (two streams; b's fitted steps count 10 ÷ 9 each), the others quiet
+    c = RequestRecord(2, times[4] + 0.001, 100, 2, times[6] + 0.001, times[6] + 0.006,
+                      token_times_s=[times[6] + 0.001, times[6] + 0.006])
+    split = decode_gap_tail([a, b, c], lat)
+    assert split["waiting share"] == pytest.approx(4 / 19)
+    assert split["waiting time ratio"] == pytest.approx((2 * 0.05 + 2 * 0.005) / (2 * 0.005 + 2 * 0.005 * 10 / 9))
+    assert split["quiet time ratio"] == pytest.approx(15 * 0.005 / (7 * 0.005 + 7 * 0.005 * 10 / 9 + 0.005))
     with pytest.raises(ValueError, match="two or more token times"):
         decode_gap_tail([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], lat)
 
@@ -849,8 +860,13 @@ def test_fit_on_run_chains_the_run_refits_of_each_set_up():
     """Lab 05's run fit: colocated, the decode row scaled to the run and the front-end delay; a
     pair, also the decode role's contention, the prefill core's co-runners when their samples are
     given, and the hand-off with the prefill contention uncapped; the prefill row stays the probe's."""
-    from pdlab.simreal.calibrate import (fit_on_run, refit_decode_contention_on_run, refit_front_end_on_run,
-                                         refit_handoff_on_run, scale_decode_on_run)
+    from pdlab.simreal.calibrate import (
+        fit_on_run,
+        refit_decode_contention_on_run,
+        refit_front_end_on_run,
+        refit_handoff_on_run,
+        scale_decode_on_run,
+    )
     from pdlab.workloads import Request
 
     rng = np.random.default_rng(4)

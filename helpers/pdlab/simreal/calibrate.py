@@ -787,11 +787,18 @@ def decode_gap_tail(records: Sequence[RequestRecord], latency: FittedLatency, *,
     seen by ten streams counts once) per request; and ``shared chunk tokens``, the share of output
     tokens that arrived in a chunk holding more than one (output tokens the server counted minus
     chunks the client timed: the API server fell behind and merged them, so the gap before such
-    a chunk spans two or more engine steps and reads long)."""
+    a chunk spans two or more engine steps and reads long).
+
+    The time ratio split by the gaps' kind: ``quiet time ratio`` over the quiet gaps (no request
+    waiting for its first token: pure decode, what the fit describes), ``waiting time ratio`` over
+    the others, and ``waiting share``, their share of the gaps. On a colocated server a waiting
+    gap may carry another request's prefill chunk, which a decode-only fit does not charge; on a
+    pair's decode role it may carry a hand-off. NaN where the run has no gap of that kind."""
     recs = _streamed(records)
     starts = np.concatenate([np.asarray(r.token_times_s, dtype=float)[:-1] for r in recs])
     rows = _run_step_gaps(recs)
     gap = np.array([g for _, _, g, _ in rows])
+    quiet = np.array([q for _, _, _, q in rows], dtype=bool)
     fit = np.array([latency.step_time_s(0, 0.0, b, ctx) for b, ctx, _, _ in rows])
     long = gap > long_factor * fit
     excess = float(np.sum(gap - fit))
@@ -802,8 +809,14 @@ def decode_gap_tail(records: Sequence[RequestRecord], latency: FittedLatency, *,
         stall += max(0.0, b - max(a, end))
         end = max(end, b)
     out_tokens = sum(r.output_tokens for r in recs)
+
+    def time_ratio(part: np.ndarray) -> float:
+        return float(gap[part].sum() / np.sum((fit * steps_per_gap)[part])) if part.any() else float("nan")
+
     return {"gaps": len(gap), "median ratio": float(np.median(gap / fit)),
-            "time ratio": float(gap.sum() / np.sum(fit * steps_per_gap)), "long share": float(long.mean()),
+            "time ratio": time_ratio(np.ones_like(quiet)), "quiet time ratio": time_ratio(quiet),
+            "waiting time ratio": time_ratio(~quiet), "waiting share": float(np.mean(~quiet)),
+            "long share": float(long.mean()),
             "long excess share": float(np.sum((gap - fit)[long]) / excess) if excess > 0 else float("nan"),
             "stall s per request": float(stall / len(recs)),
             "shared chunk tokens": sum(max(0, r.output_tokens - len(r.token_times_s)) for r in recs) / out_tokens}
