@@ -4,7 +4,7 @@ Lab 05's run fit charges the prefill role of the CPU pair a contention ``c_p`` (
 ``1 + c_p`` times slower while the decode role works), measured on the few prefill-quiet requests
 of one rate that waited while others streamed, and predicts the other rates with it. This reads a
 finished lab 05 run (its ``OUT_DIR``: profiles, records, CPU samples, KV capacity) and replays
-every held-out prediction of the pair with five values of ``c_p``:
+every held-out prediction of the pair with five values of ``c_p`` (and one fit that also shrinks the hand-off):
 
 - **run**: the run fit's, as lab 05 uses it (one constant, fitted at the fit rate);
 - **probe**: the calibration probe's (many streams decoding at once, before any workload);
@@ -15,6 +15,10 @@ every held-out prediction of the pair with five values of ``c_p``:
 - **shrunk**: the run's value and the probe's weighted by the requests that set the run's value
   (``n``) and ``--prior-requests`` (``n0``): (n·run + n0·probe) ÷ (n + n0). A rate with few
   prefill-quiet requests that waited while others streamed leans on the probe;
+- **shrunk, with hand-off**: the run fit with both its hand-off shift and its ``c_p`` shrunk
+  toward the probe's by the requests that set each (``fit_on_run(..., prior_requests=n0)``): the
+  hand-off level is set by the prefill-quiet requests that met an idle decode role, and a high
+  rate has few of them too;
 - **matched**: the value at which the run fit's replay of its own rate has that rate's median TTFT
   (:func:`~pdlab.simreal.calibrate.match_prefill_contention_on_run`): every request of the fit rate
   sets it, not only the prefill-quiet ones that waited.
@@ -77,7 +81,7 @@ def print_summary(errors: dict[str, list[tuple[float, float]]]) -> None:
     for name, errs in errors.items():
         both = sum(abs(t) <= 0.1 and abs(p) <= 0.1 for t, p in errs)
         ttft_ok = sum(abs(t) <= 0.1 for t, _ in errs)
-        print(f"  c_p {name:>10}: both medians within 10 % {both}/{len(errs)}, TTFT within 10 % {ttft_ok}/{len(errs)}, "
+        print(f"  c_p {name:>21}: both medians within 10 % {both}/{len(errs)}, TTFT within 10 % {ttft_ok}/{len(errs)}, "
               f"mean |TTFT error| {np.mean([abs(t) for t, _ in errs]):.1%}")
 
 
@@ -96,13 +100,14 @@ def report(out_dir: Path, prior_requests: float) -> dict[str, list[tuple[float, 
 
     print(f"{out_dir}: rates {rates} req/s; probe c_p {probe_cp:.2f}; streams a waiting request met, live: "
           + " / ".join(f"{streams_met(live[r]):.2f}" for r in rates))
-    errors: dict[str, list[tuple[float, float]]] = {"run": [], "probe": [], "per stream": [], "shrunk": [],
-                                                     "matched": []}
+    errors: dict[str, list[tuple[float, float]]] = {}
     for fit_rate in rates:
         fit = fit_on_run(cal.latency, live[fit_rate], MODE, prefill_core_samples=samples[fit_rate], **sim_kw)
         c_p = float(fit.meta["cpu_contention"]["prefill"])
         n = fit.meta["fit"]["handoff"]["busy_requests"]
         shrunk = (n * c_p + prior_requests * probe_cp) / (n + prior_requests)
+        both_shrunk = fit_on_run(cal.latency, live[fit_rate], MODE, prefill_core_samples=samples[fit_rate],
+                                 prior_requests=prior_requests, **sim_kw)
         matched = float(match_prefill_contention_on_run(fit, live[fit_rate], **sim_kw).meta["cpu_contention"]["prefill"])
         at_fit = streams_met(replay(fit_rate, fit))
         print(f"  fitted on {fit_rate:g} req/s: c_p {c_p:.2f} from {n} requests (shrunk {shrunk:.2f}, matched {matched:.2f});"
@@ -113,11 +118,13 @@ def report(out_dir: Path, prior_requests: float) -> dict[str, list[tuple[float, 
             scaled = c_p
             for _ in range(3):   # the streams at the target rate depend a little on c_p itself
                 scaled = c_p * streams_met(replay(rate, with_prefill_contention(fit, scaled))) / max(at_fit, 1e-9)
-            for name, value in (("run", c_p), ("probe", probe_cp), ("per stream", scaled), ("shrunk", shrunk),
-                                ("matched", matched)):
-                sims = replay(rate, with_prefill_contention(fit, value))
-                errors[name].append((median_error(sims, live[rate], ttft_s), median_error(sims, live[rate], tpot_s)))
-            print(f"    → {rate:g} req/s: TTFT p50 error, c_p run / probe / per stream ({scaled:.2f}) / shrunk / matched: "
+            variants = {"run": fit, "probe": with_prefill_contention(fit, probe_cp),
+                        "per stream": with_prefill_contention(fit, scaled), "shrunk": with_prefill_contention(fit, shrunk),
+                        "shrunk, with hand-off": both_shrunk, "matched": with_prefill_contention(fit, matched)}
+            for name, variant in variants.items():
+                sims = replay(rate, variant)
+                errors.setdefault(name, []).append((median_error(sims, live[rate], ttft_s), median_error(sims, live[rate], tpot_s)))
+            print(f"    → {rate:g} req/s: TTFT p50 error, c_p run / probe / per stream ({scaled:.2f}) / shrunk / shrunk with hand-off / matched: "
                   + " / ".join(f"{errors[n][-1][0]:+.0%}" for n in errors))
     print_summary(errors)
     return errors

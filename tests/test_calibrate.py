@@ -672,6 +672,18 @@ def test_refit_handoff_on_run_recovers_the_hand_off_level_and_the_prefill_roles_
     assert capped.meta["cpu_contention"]["prefill"] == 0.08
     assert capped.meta["fit"]["handoff"]["prefill_contention_run"] == pytest.approx(0.15, abs=0.02)
     assert refit_handoff_on_run(low, live, cap_at_probe=False).meta["cpu_contention"]["prefill"] == pytest.approx(0.15, abs=0.02)
+    # shrunk toward the probe by the requests that set each part: n0 = n lands halfway
+    info = fitted.meta["fit"]["handoff"]
+    idle, busy, run_shift = info["idle_requests"], info["busy_requests"], info["latency_shift_run_s"]
+    assert run_shift == pytest.approx(-0.015, abs=1e-3)
+    half = refit_handoff_on_run(probe, live, prior_requests=busy).meta
+    assert half["cpu_contention"]["prefill"] == pytest.approx(0.5 * (info["prefill_contention_run"] + 0.34))
+    assert half["fit"]["handoff"]["prior_requests"] == busy
+    assert half["kv_link"]["latency_s"] == pytest.approx(0.025 + run_shift * idle / (idle + busy))
+    far = refit_handoff_on_run(probe, live, prior_requests=1e9).meta   # a prior that outweighs any run
+    assert far["kv_link"]["latency_s"] == pytest.approx(0.025) and far["cpu_contention"]["prefill"] == pytest.approx(0.34)
+    with pytest.raises(ValueError, match="prior_requests must be >= 0"):
+        refit_handoff_on_run(probe, live, prior_requests=-1)
 
 
 def test_prefill_core_load_stretches_the_pairs_prefill_by_the_co_runners_share_at_the_replayed_rate():

@@ -1029,7 +1029,7 @@ def _decode_busy_while_waiting(r: RequestRecord, records: Sequence[RequestRecord
 
 
 def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *, min_requests: int = 3,
-                         cap_at_probe: bool = True, **sim_kwargs: Any) -> FittedLatency:
+                         cap_at_probe: bool = True, prior_requests: float = 0.0, **sim_kwargs: Any) -> FittedLatency:
     """``latency`` (a prefill/decode pair's) with its hand-off level and its prefill role's
     contention measured on a live run. The run is replayed (:func:`simulate_like_live`) with no
     prefill contention; of its prefill-quiet requests (:func:`prefill_quiet_requests`):
@@ -1046,9 +1046,12 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
       is not the decode role's (at a high rate, the front ends' growing share of the prefill core)
       and, charged per decoding stream, would not transfer to other rates.
 
-    A part with fewer than ``min_requests`` requests keeps the probe's value.
-    ``meta["fit"]["handoff"]`` records both values, the probe's, the run's contention before the
-    cap (None when too few requests set it), and how many requests set each.
+    A part with fewer than ``min_requests`` requests keeps the probe's value. With
+    ``prior_requests`` n0 > 0 each part is shrunk toward the probe's value by the n requests that
+    set it, (n·run + n0·probe) ÷ (n + n0): a rate with few such requests (a high rate has few
+    prefill-quiet ones) leans on the probe. ``meta["fit"]["handoff"]`` records both values, the
+    probe's, the run's shift and contention before the cap and the shrinkage (None when too few
+    requests set them), and how many requests set each.
     """
     cal = Calibration.from_latency(latency)
     link = cal.kv_link or LinkFit(0.0, 0.0)
@@ -1058,7 +1061,10 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     ok = [r for r in records if r.ok and r.first_token_s is not None]
     idle = [(r, s) for r, s in pairs if not _decode_busy_while_waiting(r, ok)]
     busy = [(r, s) for r, s in pairs if _decode_busy_while_waiting(r, ok)]
-    shift = float(np.median([r.ttft_s - s.ttft_s for r, s in idle])) if len(idle) >= min_requests else 0.0
+    if prior_requests < 0:
+        raise ValueError(f"prior_requests must be >= 0, got {prior_requests}")
+    run_shift = float(np.median([r.ttft_s - s.ttft_s for r, s in idle])) if len(idle) >= min_requests else None
+    shift = run_shift or 0.0
     c_p = probe_c_p = probe_cont.get("prefill", 0.0)
     run_c_p = None
     if len(busy) >= min_requests:
@@ -1066,19 +1072,22 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
         run_c_p = max(0.0, float(np.median([(r.ttft_s - s.ttft_s - shift) / loaded.prefill_time_s([server_prompt_tokens(r)])
                                             for r, s in busy])))
         c_p = min(run_c_p, probe_c_p) if cap_at_probe else run_c_p
+        c_p = (len(busy) * c_p + prior_requests * probe_c_p) / (len(busy) + prior_requests)
+    if run_shift is not None:
+        shift = len(idle) * run_shift / (len(idle) + prior_requests)   # the probe's own shift is 0
     meta = dict(latency.meta)
     meta["kv_link"] = {**link.to_dict(), "latency_s": max(0.0, link.latency_s + shift)}
     meta["cpu_contention"] = {**probe_cont, "prefill": c_p}
     meta["fit"] = {**meta.get("fit", {}), "handoff": {
         "latency_s": meta["kv_link"]["latency_s"], "latency_probe_s": link.latency_s, "idle_requests": len(idle),
         "prefill_contention": c_p, "prefill_contention_probe": probe_c_p, "prefill_contention_run": run_c_p,
-        "busy_requests": len(busy), "source": "live run, TTFT − replayed TTFT of requests that met no prefill queue"}}
+        "latency_shift_run_s": run_shift, "prior_requests": prior_requests, "busy_requests": len(busy), "source": "live run, TTFT − replayed TTFT of requests that met no prefill queue"}}
     return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
 
 
 def fit_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
                prefill_core_samples: Sequence[Sequence[Sequence[float]]] | None = None,
-               **sim_kwargs: Any) -> FittedLatency:
+               prior_requests: float = 0.0, **sim_kwargs: Any) -> FittedLatency:
     """Lab 05's observe-then-predict calibration: the probe's fit ``latency`` refitted on one live
     run (``records``) of the set-up ``mode``. The decode row is scaled to the run's quiet steps
     (:func:`scale_decode_on_run`); for a prefill/decode pair, the decode role's contention
@@ -1086,7 +1095,8 @@ def fit_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: s
     request when their CPU samples are given (``prefill_core_samples``, one list per block of
     :class:`~pdlab.serve.cpucost.CPUSampler` samples; :func:`refit_prefill_core_load_on_run`), and
     the hand-off's level and the prefill role's contention, not capped at the probe's
-    (:func:`refit_handoff_on_run`); then the front-end delay (:func:`refit_front_end_on_run`).
+    (:func:`refit_handoff_on_run`; ``prior_requests`` > 0 shrinks both toward the probe's by the
+    requests that set them); then the front-end delay (:func:`refit_front_end_on_run`).
     ``sim_kwargs`` go to every replay. The prefill row stays the probe's. Raises ValueError when
     the run has too few quiet steps or prefill-quiet requests to fit on."""
     fit = scale_decode_on_run(latency, records)
@@ -1094,7 +1104,7 @@ def fit_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: s
         fit = refit_decode_contention_on_run(fit, records)
         if prefill_core_samples is not None:
             fit = refit_prefill_core_load_on_run(fit, prefill_core_samples, records, per_request_only=True)
-        fit = refit_handoff_on_run(fit, records, cap_at_probe=False, **sim_kwargs)
+        fit = refit_handoff_on_run(fit, records, cap_at_probe=False, prior_requests=prior_requests, **sim_kwargs)
     return refit_front_end_on_run(fit, records, mode, **sim_kwargs)
 
 
