@@ -6,7 +6,8 @@ of one rate that waited while others streamed, and predicts the other rates with
 finished lab 05 run (its ``OUT_DIR``: profiles, records, CPU samples, KV capacity) and replays
 every held-out prediction of the pair with five values of ``c_p`` (and one fit that also shrinks the hand-off):
 
-- **run**: the run fit's, as lab 05 uses it (one constant, fitted at the fit rate);
+- **run**: the run's own value, not shrunk (``fit_on_run(..., prior_requests=0)``, lab 05's run
+  fit until 2026-12-04; one constant, fitted at the fit rate);
 - **probe**: the calibration probe's (many streams decoding at once, before any workload);
 - **per stream**: the run's value scaled by the decode streams a waiting request meets in the
   replay at the target rate ÷ at the fit rate (a fixed point of three replays): the hypothesis
@@ -16,9 +17,9 @@ every held-out prediction of the pair with five values of ``c_p`` (and one fit t
   (``n``) and ``--prior-requests`` (``n0``): (n·run + n0·probe) ÷ (n + n0). A rate with few
   prefill-quiet requests that waited while others streamed leans on the probe;
 - **shrunk, with hand-off**: the run fit with both its hand-off shift and its ``c_p`` shrunk
-  toward the probe's by the requests that set each (``fit_on_run(..., prior_requests=n0)``): the
-  hand-off level is set by the prefill-quiet requests that met an idle decode role, and a high
-  rate has few of them too;
+  toward the probe's by the requests that set each (``fit_on_run(..., prior_requests=n0)``; lab
+  05's run fit since 2026-12-04, with n0 = 10): the hand-off level is set by the prefill-quiet
+  requests that met an idle decode role, and a high rate has few of them too;
 - **matched**: the value at which the run fit's replay of its own rate has that rate's median TTFT
   (:func:`~pdlab.simreal.calibrate.match_prefill_contention_on_run`): every request of the fit rate
   sets it, not only the prefill-quiet ones that waited.
@@ -102,7 +103,8 @@ def report(out_dir: Path, prior_requests: float) -> dict[str, list[tuple[float, 
           + " / ".join(f"{streams_met(live[r]):.2f}" for r in rates))
     errors: dict[str, list[tuple[float, float]]] = {}
     for fit_rate in rates:
-        fit = fit_on_run(cal.latency, live[fit_rate], MODE, prefill_core_samples=samples[fit_rate], **sim_kw)
+        fit = fit_on_run(cal.latency, live[fit_rate], MODE, prefill_core_samples=samples[fit_rate], prior_requests=0,
+                         **sim_kw)
         c_p = float(fit.meta["cpu_contention"]["prefill"])
         n = fit.meta["fit"]["handoff"]["busy_requests"]
         shrunk = (n * c_p + prior_requests * probe_cp) / (n + prior_requests)

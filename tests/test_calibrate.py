@@ -871,7 +871,8 @@ def test_every_public_function_of_calibrate_is_exported():
 def test_fit_on_run_chains_the_run_refits_of_each_set_up():
     """Lab 05's run fit: colocated, the decode row scaled to the run and the front-end delay; a
     pair, also the decode role's contention, the prefill core's co-runners when their samples are
-    given, and the hand-off with the prefill contention uncapped; the prefill row stays the probe's."""
+    given, and the hand-off with the prefill contention uncapped, both shrunk toward the probe's
+    by 10 requests unless told otherwise; the prefill row stays the probe's."""
     from pdlab.simreal.calibrate import (
         fit_on_run,
         refit_decode_contention_on_run,
@@ -889,12 +890,16 @@ def test_fit_on_run_chains_the_run_refits_of_each_set_up():
         "kv_link": {"latency_s": 0.025, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.05, "decode": 0.0}})
     for mode in ("colocated", "disaggregated"):
         live = simulate_like_live(reqs, mode, FittedLatency(TRUE.prefill, TRUE.decode, meta=meta), front_end_s=0.02)
-        fit = fit_on_run(probe, live, mode)
-        step = scale_decode_on_run(probe, live)
-        if mode == "disaggregated":
-            step = refit_handoff_on_run(refit_decode_contention_on_run(step, live), live, cap_at_probe=False)
-            assert fit.meta["cpu_contention"]["prefill"] > probe.meta["cpu_contention"]["prefill"]   # uncapped
-        step = refit_front_end_on_run(step, live, mode)
-        assert fit.prefill == probe.prefill and fit.decode == pytest.approx(step.decode)
-        assert fit.meta["front_end_s"] == pytest.approx(step.meta["front_end_s"])
-        assert fit.meta["cpu_contention"] == step.meta["cpu_contention"] and fit.meta.get("kv_link") == step.meta.get("kv_link")
+        for prior, kw in ((10.0, {}), (0.0, {"prior_requests": 0.0})):
+            fit = fit_on_run(probe, live, mode, **kw)
+            step = scale_decode_on_run(probe, live)
+            if mode == "disaggregated":
+                step = refit_handoff_on_run(refit_decode_contention_on_run(step, live), live, cap_at_probe=False,
+                                            prior_requests=prior)
+                assert fit.meta["cpu_contention"]["prefill"] > probe.meta["cpu_contention"]["prefill"]   # uncapped
+                assert fit.meta["fit"]["handoff"]["prior_requests"] == prior
+            step = refit_front_end_on_run(step, live, mode)
+            assert fit.prefill == probe.prefill and fit.decode == pytest.approx(step.decode)
+            assert fit.meta["front_end_s"] == pytest.approx(step.meta["front_end_s"])
+            assert fit.meta["cpu_contention"] == step.meta["cpu_contention"]
+            assert fit.meta.get("kv_link") == step.meta.get("kv_link")

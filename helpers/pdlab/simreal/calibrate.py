@@ -1087,7 +1087,7 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
 
 def fit_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
                prefill_core_samples: Sequence[Sequence[Sequence[float]]] | None = None,
-               prior_requests: float = 0.0, **sim_kwargs: Any) -> FittedLatency:
+               prior_requests: float = 10.0, **sim_kwargs: Any) -> FittedLatency:
     """Lab 05's observe-then-predict calibration: the probe's fit ``latency`` refitted on one live
     run (``records``) of the set-up ``mode``. The decode row is scaled to the run's quiet steps
     (:func:`scale_decode_on_run`); for a prefill/decode pair, the decode role's contention
@@ -1095,8 +1095,11 @@ def fit_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: s
     request when their CPU samples are given (``prefill_core_samples``, one list per block of
     :class:`~pdlab.serve.cpucost.CPUSampler` samples; :func:`refit_prefill_core_load_on_run`), and
     the hand-off's level and the prefill role's contention, not capped at the probe's
-    (:func:`refit_handoff_on_run`; ``prior_requests`` > 0 shrinks both toward the probe's by the
-    requests that set them); then the front-end delay (:func:`refit_front_end_on_run`).
+    (:func:`refit_handoff_on_run`), each shrunk toward the probe's by the requests that set it
+    with the probe weighing ``prior_requests`` requests (0: the run's values as they are; a high
+    rate has few prefill-quiet requests, 2–6 in lab 05's ci runs, and their median alone did not
+    transfer to the other rates: ``benchmarks/prefill_contention_transfer.py``); then the
+    front-end delay (:func:`refit_front_end_on_run`).
     ``sim_kwargs`` go to every replay. The prefill row stays the probe's. Raises ValueError when
     the run has too few quiet steps or prefill-quiet requests to fit on."""
     fit = scale_decode_on_run(latency, records)
