@@ -107,9 +107,9 @@ def report(out_dir: Path, prior_requests: float) -> dict[str, list[tuple[float, 
                          **sim_kw)
         c_p = float(fit.meta["cpu_contention"]["prefill"])
         n = fit.meta["fit"]["handoff"]["busy_requests"]
-        shrunk = (n * c_p + prior_requests * probe_cp) / (n + prior_requests)
         both_shrunk = fit_on_run(cal.latency, live[fit_rate], MODE, prefill_core_samples=samples[fit_rate],
                                  prior_requests=prior_requests, **sim_kw)
+        shrunk = float(both_shrunk.meta["cpu_contention"]["prefill"])   # (n·run + n0·probe) ÷ (n + n0)
         matched = float(match_prefill_contention_on_run(fit, live[fit_rate], **sim_kw).meta["cpu_contention"]["prefill"])
         at_fit = streams_met(replay(fit_rate, fit))
         print(f"  fitted on {fit_rate:g} req/s: c_p {c_p:.2f} from {n} requests (shrunk {shrunk:.2f}, matched {matched:.2f});"

@@ -1053,6 +1053,13 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     probe's, the run's shift and contention before the cap and the shrinkage (None when too few
     requests set them), and how many requests set each.
     """
+    if prior_requests < 0:
+        raise ValueError(f"prior_requests must be >= 0, got {prior_requests}")
+
+    def toward_probe(run: float, probe: float, n: int) -> float:
+        """The run's value from ``n`` requests, shrunk toward the probe's by ``prior_requests``."""
+        return (n * run + prior_requests * probe) / (n + prior_requests)
+
     cal = Calibration.from_latency(latency)
     link = cal.kv_link or LinkFit(0.0, 0.0)
     probe_cont = dict(latency.meta.get("cpu_contention") or {"prefill": 0.0, "decode": 0.0})
@@ -1061,8 +1068,6 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     ok = [r for r in records if r.ok and r.first_token_s is not None]
     idle = [(r, s) for r, s in pairs if not _decode_busy_while_waiting(r, ok)]
     busy = [(r, s) for r, s in pairs if _decode_busy_while_waiting(r, ok)]
-    if prior_requests < 0:
-        raise ValueError(f"prior_requests must be >= 0, got {prior_requests}")
     run_shift = float(np.median([r.ttft_s - s.ttft_s for r, s in idle])) if len(idle) >= min_requests else None
     shift = run_shift or 0.0
     c_p = probe_c_p = probe_cont.get("prefill", 0.0)
@@ -1071,17 +1076,17 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
         loaded = with_prefill_core_load(latency, requests_from_records(records))   # the prefill the replay ran
         run_c_p = max(0.0, float(np.median([(r.ttft_s - s.ttft_s - shift) / loaded.prefill_time_s([server_prompt_tokens(r)])
                                             for r, s in busy])))
-        c_p = min(run_c_p, probe_c_p) if cap_at_probe else run_c_p
-        c_p = (len(busy) * c_p + prior_requests * probe_c_p) / (len(busy) + prior_requests)
+        c_p = toward_probe(min(run_c_p, probe_c_p) if cap_at_probe else run_c_p, probe_c_p, len(busy))
     if run_shift is not None:
-        shift = len(idle) * run_shift / (len(idle) + prior_requests)   # the probe's own shift is 0
+        shift = toward_probe(run_shift, 0.0, len(idle))   # the probe's own shift is 0
     meta = dict(latency.meta)
     meta["kv_link"] = {**link.to_dict(), "latency_s": max(0.0, link.latency_s + shift)}
     meta["cpu_contention"] = {**probe_cont, "prefill": c_p}
     meta["fit"] = {**meta.get("fit", {}), "handoff": {
         "latency_s": meta["kv_link"]["latency_s"], "latency_probe_s": link.latency_s, "idle_requests": len(idle),
         "prefill_contention": c_p, "prefill_contention_probe": probe_c_p, "prefill_contention_run": run_c_p,
-        "latency_shift_run_s": run_shift, "prior_requests": prior_requests, "busy_requests": len(busy), "source": "live run, TTFT − replayed TTFT of requests that met no prefill queue"}}
+        "latency_shift_run_s": run_shift, "prior_requests": prior_requests, "busy_requests": len(busy),
+        "source": "live run, TTFT − replayed TTFT of requests that met no prefill queue"}}
     return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
 
 
