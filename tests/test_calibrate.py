@@ -855,6 +855,42 @@ def test_decode_gap_tail_finds_one_stall_shared_by_two_streams_and_merged_chunks
         decode_gap_tail([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], lat)
 
 
+def test_chunk_token_counts_make_a_merged_gap_several_steps():
+    """A server that said how many tokens each chunk held (continuous usage stats): a gap closed
+    by a chunk of 3 tokens spans 3 steps, not one long step. Against the same record without the
+    counts, the per-step median, the long share, the time ratio and the context all follow the
+    counts; a chunk that held no token (a chat role chunk) is no step."""
+    from pdlab.simreal.calibrate import (
+        _run_step_gaps,
+        decode_gap_tail,
+        decode_steps_vs_model,
+        run_decode_points,
+    )
+
+    lat = FittedLatency((0.01, 0.0, 0.0), (0.005, 0.0, 0.0))   # every step 5 ms
+    times = [0.0, 0.005, 0.010, 0.025, 0.030, 0.035]            # the 3rd gap is 15 ms: 3 steps merged
+    blind = RequestRecord(0, -0.1, 100, 8, times[0], times[-1], token_times_s=list(times))
+    told = RequestRecord(0, -0.1, 100, 8, times[0], times[-1], token_times_s=list(times),
+                         chunk_tokens=[1, 1, 1, 3, 1, 1])
+    role = RequestRecord(0, -0.1, 100, 8, 0.0, times[-1], token_times_s=[0.0, *times],
+                         chunk_tokens=[0, 1, 1, 1, 3, 1, 1])
+    gaps = _run_step_gaps([told])
+    assert [g.steps for g in gaps] == [1, 1, 3, 1, 1] and [g.steps for g in _run_step_gaps([blind])] == [None] * 5
+    assert [g.context for g in gaps] == [100, 101, 102, 105, 106]   # prompt + tokens before the midpoint − 1
+    assert [g._replace(stream=0) for g in _run_step_gaps([role])] == gaps
+    for rec, long_share, median in ((blind, 1 / 5, 1.0), (told, 0.0, 1.0)):
+        tail = decode_gap_tail([rec], lat)
+        assert tail["long share"] == pytest.approx(long_share) and tail["median ratio"] == pytest.approx(median)
+        assert tail["time ratio"] == pytest.approx(0.035 / (7 * 0.005))     # 7 steps either way
+        assert tail["shared chunk tokens"] == pytest.approx(2 / 8)
+    # per step: 7 quiet steps of 5 ms with the counts; 5 gaps, one of 15 ms, without
+    (row,) = decode_steps_vs_model([told], lat)
+    assert row["quiet gaps"] == 7 and row["live / fitted, quiet"] == pytest.approx(1.0)
+    assert decode_steps_vs_model([blind], lat)[0]["quiet gaps"] == 5
+    (point,) = run_decode_points([told])
+    assert point.samples == 7 and point.time_s == pytest.approx(0.005)
+
+
 def test_every_public_function_of_calibrate_is_exported():
     """Lab 05 imports the run-fit helpers by name: each public top-level function and class of the
     module is in its ``__all__`` (scale_decode_on_run and match_prefill_contention_on_run were not)."""

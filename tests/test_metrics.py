@@ -139,3 +139,17 @@ def test_attainment_curve_is_monotone():
     assert list(curve) == sorted(curve) and curve[-1] == 1.0
     with pytest.raises(ValueError):
         attainment_curve(records, "bogus", [1.0])
+
+
+def test_records_round_trip_with_token_times_and_chunk_sizes(tmp_path):
+    """write_records/read_records keep token times and the tokens each chunk held; a bad line is named."""
+    from pdlab.metrics import RequestRecord, read_records, write_records
+
+    live = RequestRecord(0, 0.0, 8, 4, 0.1, 0.3, token_times_s=[0.1, 0.2, 0.3], chunk_tokens=[1, 2, 1])
+    sim = RequestRecord(1, 0.0, 8, 2, 0.1, 0.2, token_times_s=[0.1, 0.2])
+    path = write_records([live, sim], tmp_path / "r.jsonl")
+    assert read_records(path) == [live, sim]
+    assert "chunk_tokens" not in live.as_dict() and live.as_dict(with_token_times=True)["chunk_tokens"] == [1, 2, 1]
+    path.write_text(path.read_text() + "not json\n")
+    with pytest.raises(ValueError, match=r"r\.jsonl:3: not a request record"):
+        read_records(path)

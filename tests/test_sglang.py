@@ -94,6 +94,7 @@ def test_standin_decode_streams_exactly_max_tokens_and_logs_the_wire(tmp_path):
     assert info["disaggregation_mode"] == "decode" and info["stand-in"] is True
     rec = outcome_record(out, request_id=0, sent_s=out.chunk_times[0] - 0.01)
     assert rec.ok and rec.output_tokens == 5 and len(rec.token_times_s) == 5
+    assert rec.chunk_tokens == [1] * 5   # the stand-in sends running usage when asked, as vLLM does
     log = read_wire_log(wire)
     assert [e["path"] for e in log] == ["/server_info", "/v1/completions"]
     assert log[1]["body"]["bootstrap_room"] == 7 and log[1]["role"] == "decode"

@@ -8,7 +8,13 @@ import json
 import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
-from pdlab.serve.streaming import StreamOutcome, outcome_record, request_path, stream_request
+from pdlab.serve.streaming import (
+    StreamOutcome,
+    chunk_token_counts,
+    outcome_record,
+    request_path,
+    stream_request,
+)
 
 
 def _sse(obj) -> bytes:
@@ -18,7 +24,8 @@ def _sse(obj) -> bytes:
 def _app(events: list[bytes], status: int = 200) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+        assert body["stream"] is True
+        assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
         if status != 200:
             return web.json_response({"error": "nope"}, status=status)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Route": "decode-0"})
@@ -59,6 +66,26 @@ def test_every_chunk_with_a_choice_is_timed_usage_is_kept():
     assert out.ok and out.error is None
     assert len(out.chunk_times) == 3 and out.chunk_times == sorted(out.chunk_times)
     assert out.usage["completion_tokens"] == 5 and out.headers["X-Route"] == "decode-0"
+
+
+def test_running_usage_gives_the_tokens_each_chunk_held():
+    """continuous_usage_stats: each chunk's running completion_tokens → tokens per chunk (a merged
+    chunk of 2, a role chunk of 0), kept on the record; one chunk without it → unknown."""
+    def running(n, text="a"):
+        return _sse({"choices": [{"text": text}], "usage": {"prompt_tokens": 7, "completion_tokens": n}})
+
+    out = _run([running(0, ""), running(1), running(3), running(4), _sse(USAGE), _sse("[DONE]")])
+    assert out.ok and out.chunk_tokens == [0, 1, 2, 1] and out.usage["completion_tokens"] == 5
+    rec = outcome_record(out, request_id=0, sent_s=out.chunk_times[0] - 0.1)
+    assert rec.chunk_tokens == [0, 1, 2, 1] and len(rec.token_times_s) == 4
+    partly = _run([running(1), _sse(CHUNK), _sse(USAGE), _sse("[DONE]")])
+    assert partly.ok and partly.chunk_tokens == []
+    assert outcome_record(partly, request_id=1, sent_s=0.0).chunk_tokens is None
+
+
+def test_chunk_token_counts_reject_what_is_not_a_running_count():
+    assert chunk_token_counts([2, 3, 3, 5]) == [2, 1, 0, 2]
+    assert chunk_token_counts([3, 2]) == [] and chunk_token_counts([1, None]) == [] and chunk_token_counts([]) == []
 
 
 @pytest.mark.parametrize(("events", "status", "message"), [

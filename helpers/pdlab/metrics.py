@@ -87,6 +87,9 @@ class RequestRecord:
     #: The prompt's length as the server counted it (``usage.prompt_tokens``, tokens); None when the
     #: server did not say (simulated runs, or a response without ``usage``).
     server_prompt_tokens: int | None = None
+    #: Output tokens each streamed chunk held, aligned with ``token_times_s`` (live runs whose server
+    #: sent continuous usage stats); None when unknown, as in simulated runs (one time per token).
+    chunk_tokens: Sequence[int] | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -110,12 +113,14 @@ class RequestRecord:
         return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
 
     def as_dict(self, with_token_times: bool = False) -> dict[str, Any]:
-        """JSON-ready dict, with derived ``ttft_s``, ``tpot_s``, ``e2e_s``."""
+        """JSON-ready dict, with derived ``ttft_s``, ``tpot_s``, ``e2e_s`` (token times and chunk
+        token counts only ``with_token_times``)."""
         d = asdict(self)
-        d["token_times_s"] = list(self.token_times_s) if with_token_times and self.token_times_s is not None \
-            else None
-        if not with_token_times:
-            d.pop("token_times_s")
+        for key in ("token_times_s", "chunk_tokens"):
+            value = getattr(self, key)
+            d[key] = list(value) if with_token_times and value is not None else None
+            if not with_token_times:
+                d.pop(key)
         d.update(ttft_s=self.ttft_s, tpot_s=self.tpot_s, e2e_s=self.e2e_s)
         return d
 

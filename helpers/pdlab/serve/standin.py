@@ -70,13 +70,19 @@ def _stream_chunk(i: int, native: bool, chat: bool) -> dict:
 
 async def _stream_answer(request: web.Request, body: dict, n_tokens: int, native: bool, chat: bool,
                          token_interval_s: float) -> web.StreamResponse:
-    """Server-sent events: one filler token every ``token_interval_s``, usage if asked, then ``[DONE]``."""
+    """Server-sent events: one filler token every ``token_interval_s``, usage if asked (on every
+    chunk too with ``continuous_usage_stats``, as vLLM), then ``[DONE]``."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
+    options = body.get("stream_options") or {}
+    running = not native and options.get("include_usage") and options.get("continuous_usage_stats")
     for i in range(n_tokens):
         await asyncio.sleep(token_interval_s)
-        await resp.write(f"data: {json.dumps(_stream_chunk(i, native, chat))}\n\n".encode())
-    if not native and (body.get("stream_options") or {}).get("include_usage"):
+        chunk = _stream_chunk(i, native, chat)
+        if running:
+            chunk["usage"] = {"prompt_tokens": 0, "completion_tokens": i + 1}
+        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    if not native and options.get("include_usage"):
         usage = {"choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": n_tokens}}
         await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
     await resp.write(b"data: [DONE]\n\n")

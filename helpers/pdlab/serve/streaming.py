@@ -4,7 +4,10 @@
 ``stream_options.include_usage`` and notes the ``time.perf_counter()`` of every server-sent event
 that carries ``choices``: the timing rule of ``vllm bench serve`` (vLLM's
 ``benchmarks/lib/endpoint_request_func.py``), where a chunk counts even if its text is empty
-and a chunk holding several tokens counts once. :func:`outcome_record` turns the outcome into a
+and a chunk holding several tokens counts once. It also asks for
+``stream_options.continuous_usage_stats`` (vLLM, SGLang): every chunk then carries the running
+``usage.completion_tokens``, so the client knows how many tokens each chunk held, which the
+timing rule alone cannot tell (an API server that falls behind merges tokens into one chunk). :func:`outcome_record` turns the outcome into a
 :class:`pdlab.metrics.RequestRecord` for both :mod:`pdlab.serve.bench` (open-loop benchmarks) and
 :mod:`pdlab.router.client` (router runs, agent sessions). :func:`run_sync` runs either from plain
 code or Jupyter.
@@ -18,18 +21,23 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from aiohttp import ClientError, ClientSession
 
 from pdlab.metrics import RequestRecord
 
-__all__ = ["StreamOutcome", "stream_request", "outcome_record", "request_path", "run_sync"]
+__all__ = ["StreamOutcome", "stream_request", "chunk_token_counts", "outcome_record", "request_path", "run_sync"]
 
 
 @dataclass
 class StreamOutcome:
-    """What one streamed request returned: chunk times (perf_counter s), usage, headers, error."""
+    """What one streamed request returned: chunk times (perf_counter s), usage, headers, error.
+
+    ``chunk_tokens`` holds the output tokens each timed chunk carried (from the running
+    ``usage.completion_tokens`` of continuous usage stats), or is empty when some chunk did not say."""
 
     chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     error: str | None = None
@@ -52,8 +60,9 @@ async def stream_request(session: ClientSession, url: str, body: dict[str, Any],
     no chunk at all, or more than ``timeout_s`` seconds in total set ``error`` to a message that
     names the problem; the chunk times seen until then are kept.
     """
-    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    payload = {**body, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     out = StreamOutcome()
+    running: list[int | None] = []  # usage.completion_tokens after each timed chunk (None: not said)
     done = False
     buffer = ""
     try:
@@ -78,10 +87,12 @@ async def stream_request(session: ClientSession, url: str, body: dict[str, Any],
                         if "error" in data:
                             err = data["error"]
                             raise RuntimeError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+                        usage = data.get("usage") or {}
                         if data.get("choices"):
                             out.chunk_times.append(now)
-                        if data.get("usage"):
-                            out.usage = data["usage"]
+                            running.append(usage.get("completion_tokens"))
+                        if usage:
+                            out.usage = usage
         if not done:
             raise RuntimeError("the stream ended before [DONE]")
         if not out.chunk_times:
@@ -93,7 +104,21 @@ async def stream_request(session: ClientSession, url: str, body: dict[str, Any],
         out.error = f"{type(exc).__name__}: {exc}"
     except (RuntimeError, ValueError, OSError) as exc:
         out.error = str(exc) or type(exc).__name__
+    out.chunk_tokens = chunk_token_counts(running)
     return out
+
+
+def chunk_token_counts(running: list[int | None]) -> list[int]:
+    """Tokens per chunk from the running ``usage.completion_tokens`` after each chunk; [] when some
+    chunk did not carry it, or the count ever went down (not a running count).
+
+    >>> chunk_token_counts([1, 2, 4, 5]), chunk_token_counts([1, None, 2]), chunk_token_counts([])
+    ([1, 1, 2, 1], [], [])
+    """
+    if not running or any(not isinstance(n, int) for n in running):
+        return []
+    counts = np.diff(np.asarray(running), prepend=0)
+    return [] if (counts < 0).any() else [int(c) for c in counts]
 
 
 def outcome_record(outcome: StreamOutcome, *, request_id: Any, sent_s: float, prompt_tokens: int = 0,
@@ -103,7 +128,7 @@ def outcome_record(outcome: StreamOutcome, *, request_id: Any, sent_s: float, pr
     Times are ``perf_counter`` seconds minus ``clock0``; ``sent_s`` is when the request was sent
     (its arrival). TTFT is the first chunk, the request ends at its last content chunk, and every
     chunk is one token time. Output tokens come from the server's ``usage`` (the chunk count
-    without it). ``prompt_tokens`` is the client's count, as vLLM's ``prompt_len`` (the server's
+    without it); ``chunk_tokens``, where the server said, how many each chunk held. ``prompt_tokens`` is the client's count, as vLLM's ``prompt_len`` (the server's
     ``usage`` count when none is given); the server's count is ``server_prompt_tokens``.
     A failed request has ``ok=False``, its error, no ``finish_s``, and the chunk times seen until
     it failed. The router's ``X-Route`` header goes to ``instance`` and ``extra["route"]``.
@@ -119,6 +144,8 @@ def outcome_record(outcome: StreamOutcome, *, request_id: Any, sent_s: float, pr
             rec.prompt_tokens = int(usage["prompt_tokens"])
     if times:
         rec.first_token_s, rec.token_times_s = times[0], times
+        if len(outcome.chunk_tokens) == len(times):
+            rec.chunk_tokens = list(outcome.chunk_tokens)
         if rec.ok:
             rec.finish_s = times[-1]
     rec.instance = outcome.headers.get("X-Route", "")

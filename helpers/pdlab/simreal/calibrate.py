@@ -36,7 +36,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -604,39 +604,78 @@ def _streamed(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     return recs
 
 
-def _run_step_gaps(records: Sequence[RequestRecord]) -> list[tuple[int, int, float, bool]]:
-    """Every token gap of a live run as one decode step of the server: (batch B, context Σ(p + k),
-    gap s, quiet). B is the number of streams between their first and last token at the gap's
-    midpoint, the context the sum over them of p + k (prompt, and k = tokens before the midpoint
-    − 1: the gap from token k to k + 1 reads p + k, the decode probe's and the simulator's
-    accounting). A gap is *quiet* when no request is waiting for its first token (no prefill, no
-    hand-off under way): there the step is pure decode, what the decode probe measures."""
+class _StepGap(NamedTuple):
+    """One token gap of a live run, read as decode steps of the server (:func:`_run_step_gaps`)."""
+
+    batch: int           #: streams between their first and last token at the gap's midpoint
+    context: int         #: Σ over them of prompt + tokens before the midpoint − 1 (tokens)
+    gap_s: float         #: the gap (s), from one timed chunk to the next
+    quiet: bool          #: no request waiting for its first token at the midpoint
+    mid_s: float         #: the gap's midpoint (s, the records' clock)
+    steps: int | None    #: engine steps it spans (tokens the closing chunk held); None when unknown
+    stream: int          #: which streamed record (index among the completed ones with a gap)
+
+
+def _chunks(rec: RequestRecord) -> tuple[np.ndarray, np.ndarray, bool]:
+    """A record's timed chunks that held a token, the running token count after each, and whether
+    the counts are the server's (``chunk_tokens``) rather than one per chunk."""
+    times = np.asarray(rec.token_times_s, dtype=float)
+    counts = rec.chunk_tokens
+    if counts is None or len(counts) != len(times):
+        return times, np.arange(1, len(times) + 1), False
+    held = np.asarray(counts, dtype=int)
+    return times[held > 0], np.cumsum(held[held > 0]), True
+
+
+def _run_step_gaps(records: Sequence[RequestRecord]) -> list[_StepGap]:
+    """Every token gap of a live run as decode steps of the server (:class:`_StepGap`). B is the
+    number of streams between their first and last token at the gap's midpoint, the context the
+    sum over them of p + k (prompt, and k = tokens before the midpoint − 1: the gap from token k
+    to k + 1 reads p + k, the decode probe's and the simulator's accounting). A gap is *quiet* when
+    no request is waiting for its first token (no prefill, no hand-off under way): there the step
+    is pure decode, what the decode probe measures. Where the server said how many tokens each
+    chunk held (``chunk_tokens``), a gap closed by a chunk of n tokens spans n steps (the API
+    server fell behind and merged them); chunks that held none are skipped."""
     recs = _streamed(records)
-    times = [np.asarray(r.token_times_s, dtype=float) for r in recs]
-    first = np.array([t[0] for t in times])
-    last = np.array([t[-1] for t in times])
+    chunks = [_chunks(r) for r in recs]
+    times = [t for t, _, _ in chunks]
+    first = np.array([t[0] if len(t) else np.inf for t in times])
+    last = np.array([t[-1] if len(t) else -np.inf for t in times])
     arrival = np.array([r.arrival_s for r in recs])
     prompt = np.array([server_prompt_tokens(r) for r in recs])
     rows = []
-    for t in times:
-        for gap, mid in zip(np.diff(t), 0.5 * (t[1:] + t[:-1]), strict=True):
+    for i, (t, running, known) in enumerate(chunks):
+        for gap, mid, held in zip(np.diff(t), 0.5 * (t[1:] + t[:-1]), np.diff(running), strict=True):
             active = np.flatnonzero((first <= mid) & (mid <= last))
-            ctx = sum(int(prompt[j] + np.searchsorted(times[j], mid) - 1) for j in active)
+            ctx = sum(int(prompt[j] + chunks[j][1][max(int(np.searchsorted(times[j], mid)), 1) - 1] - 1)
+                      for j in active)
             quiet = not np.any((arrival <= mid) & (mid < first))
-            rows.append((len(active), ctx, float(gap), quiet))
+            rows.append(_StepGap(len(active), ctx, float(gap), quiet, float(mid), int(held) if known else None, i))
     return rows
+
+
+def _per_step(rows: Sequence[_StepGap]) -> list[_StepGap]:
+    """``rows`` one per engine step: a gap known to span n steps becomes n rows of gap ÷ n (the
+    steps' mean), a gap of unknown span stays one row (one step, as ``vllm bench serve`` reads it)."""
+    out = []
+    for g in rows:
+        n = g.steps or 1
+        out.extend([g._replace(gap_s=g.gap_s / n, steps=1)] * n)
+    return out
 
 
 def decode_steps_vs_model(records: Sequence[RequestRecord], latency: FittedLatency,
                           batch_edges: Sequence[int] = (1, 4, 8, 12, 16, 1 << 30)) -> list[dict[str, Any]]:
     """Live token gaps of a run against the fitted decode step, by batch size.
 
-    Each gap is one decode step (:func:`_run_step_gaps`: batch, context, quiet); the fitted step is
+    Each gap is one decode step, or n where its chunk held n tokens (:func:`_run_step_gaps`,
+    :func:`_per_step`: batch, context, quiet); the fitted step is
     ``latency.decode_time_s`` of that batch and context. Returns one row per batch range [lo, hi):
     gaps, quiet gaps, and the median of live / fitted over each (1.0 = the fit holds under the
     workload; the probe's own points are near 1 by construction).
     """
-    rows = [(b, gap / latency.step_time_s(0, 0.0, b, ctx), quiet) for b, ctx, gap, quiet in _run_step_gaps(records)]
+    rows = [(g.batch, g.gap_s / latency.step_time_s(0, 0.0, g.batch, g.context), g.quiet)
+            for g in _per_step(_run_step_gaps(records))]
     batch = np.array([b for b, _, _ in rows])
     ratio = np.array([x for _, x, _ in rows])
     quiet = np.array([q for _, _, q in rows])
@@ -661,9 +700,9 @@ def run_decode_points(records: Sequence[RequestRecord], *, ctx_bucket_tokens: in
     was descheduled) sees one long gap and several of 0 s around the true step. The points feed
     :func:`fit_row` like the probe's (``kind`` ``"decode"``): the observe-then-predict calibration."""
     groups: dict[tuple[int, int], list[tuple[float, float]]] = {}
-    for b, ctx, gap, quiet in _run_step_gaps(records):
-        if quiet and b > 0:
-            groups.setdefault((b, int(ctx / b // ctx_bucket_tokens)), []).append((ctx, gap))
+    for g in _per_step(_run_step_gaps(records)):
+        if g.quiet and g.batch > 0:
+            groups.setdefault((g.batch, int(g.context / g.batch // ctx_bucket_tokens)), []).append((g.context, g.gap_s))
     points = []
     for (b, _), rows in sorted(groups.items()):
         gaps = [g for _, g in rows]
@@ -758,11 +797,9 @@ def step_ratio_windows(records: Sequence[RequestRecord], latency: FittedLatency,
     median live ÷ fitted step (``ratio``) and the mean batch. The spread of ``ratio`` within one
     run is the machine's own repeatability, seconds apart, at the same batch and context: no fit
     predicts a run better than the run repeats itself."""
-    recs = _streamed(records)
     t0 = min(r.arrival_s for r in records)
-    mids = [0.5 * (t[1:] + t[:-1]) for t in (np.asarray(r.token_times_s, dtype=float) for r in recs)]
-    rows = [(float(m), b, gap / latency.step_time_s(0, 0.0, b, ctx))
-            for m, (b, ctx, gap, quiet) in zip(np.concatenate(mids), _run_step_gaps(recs), strict=True) if quiet]
+    rows = [(g.mid_s, g.batch, g.gap_s / latency.step_time_s(0, 0.0, g.batch, g.context))
+            for g in _per_step(_run_step_gaps(records)) if g.quiet]
     out = []
     for k in range(int(max((m - t0 for m, _, _ in rows), default=0.0) // window_s) + 1):
         sel = [(b, x) for m, b, x in rows if k * window_s <= m - t0 < (k + 1) * window_s]
@@ -777,17 +814,18 @@ def decode_gap_tail(records: Sequence[RequestRecord], latency: FittedLatency, *,
     """Where a run's decode time goes beyond the fitted step: every token gap of the run
     (:func:`_run_step_gaps`) against the fitted step of its batch and context.
 
-    Returns ``gaps``; ``median ratio`` (live ÷ fitted, what the quiet-step checks read);
-    ``time ratio``, the live gaps' total over the fitted time of every step the requests took
-    (what TPOT, a mean over output tokens − 1 steps, sees: a request whose chunks hid steps has its
-    fitted gaps scaled by its steps ÷ its gaps); ``long share``, the share of gaps longer than
-    ``long_factor`` fitted steps, and ``long excess share``, their share of the gaps' time beyond
+    Returns ``gaps``; ``median ratio`` (live ÷ fitted per engine step, what the quiet-step checks
+    read); ``time ratio``, the live gaps' total over the fitted time of every step the requests
+    took (what TPOT, a mean over output tokens − 1 steps, sees: a gap closed by a chunk of n tokens
+    counts n fitted steps, and a request whose chunk sizes are unknown has its fitted gaps scaled
+    by its steps ÷ its gaps); ``long share``, the share of gaps longer than ``long_factor`` times
+    the fitted steps they span, and ``long excess share``, their share of the gaps' time beyond
     the fit (Σ (live − fitted)); ``stall s per request``, the wall-clock seconds in which some
-    stream's gap ran past one fitted step by ``long_factor`` (the union over streams: one stall
+    stream's gap ran past its fitted steps by ``long_factor`` (the union over streams: one stall
     seen by ten streams counts once) per request; and ``shared chunk tokens``, the share of output
-    tokens that arrived in a chunk holding more than one (output tokens the server counted minus
-    chunks the client timed: the API server fell behind and merged them, so the gap before such
-    a chunk spans two or more engine steps and reads long).
+    tokens that arrived in a chunk holding more than one (the API server fell behind and merged
+    them; from the server's per-chunk counts where it sent them, else output tokens minus timed
+    chunks).
 
     The time ratio split by the gaps' kind: ``quiet time ratio`` over the quiet gaps (no request
     waiting for its first token: pure decode, what the fit describes), ``waiting time ratio`` over
@@ -795,31 +833,37 @@ def decode_gap_tail(records: Sequence[RequestRecord], latency: FittedLatency, *,
     gap may carry another request's prefill chunk, which a decode-only fit does not charge; on a
     pair's decode role it may carry a hand-off. NaN where the run has no gap of that kind."""
     recs = _streamed(records)
-    starts = np.concatenate([np.asarray(r.token_times_s, dtype=float)[:-1] for r in recs])
     rows = _run_step_gaps(recs)
-    gap = np.array([g for _, _, g, _ in rows])
-    quiet = np.array([q for _, _, _, q in rows], dtype=bool)
-    fit = np.array([latency.step_time_s(0, 0.0, b, ctx) for b, ctx, _, _ in rows])
-    long = gap > long_factor * fit
-    excess = float(np.sum(gap - fit))
-    gaps_of = [len(r.token_times_s) - 1 for r in recs]
-    steps_per_gap = np.concatenate([np.full(n, max(r.output_tokens - 1, n) / n) for r, n in zip(recs, gaps_of, strict=True)])
+    gaps_of = np.bincount([g.stream for g in rows], minlength=len(recs))
+    hidden = [max(r.output_tokens - 1, n) / max(n, 1) for r, n in zip(recs, gaps_of, strict=True)]
+    steps_per_gap = np.array([g.steps if g.steps is not None else hidden[g.stream] for g in rows])  # spread
+    gap = np.array([g.gap_s for g in rows])
+    quiet = np.array([g.quiet for g in rows], dtype=bool)
+    steps = np.array([g.steps or 1 for g in rows])
+    starts = np.array([g.mid_s - g.gap_s / 2 for g in rows])
+    fit = np.array([latency.step_time_s(0, 0.0, g.batch, g.context) for g in rows])
+    long = gap > long_factor * fit * steps
+    excess = float(np.sum(gap - fit * steps))
     stall, end = 0.0, -np.inf
-    for a, b in sorted(zip(starts[long] + fit[long], starts[long] + gap[long], strict=True)):
+    for a, b in sorted(zip(starts[long] + (fit * steps)[long], starts[long] + gap[long], strict=True)):
         stall += max(0.0, b - max(a, end))
         end = max(end, b)
     out_tokens = sum(r.output_tokens for r in recs)
+    merged = sum(int(np.sum(np.maximum(np.asarray(r.chunk_tokens) - 1, 0))) if _chunks(r)[2]
+                 else max(0, r.output_tokens - len(r.token_times_s)) for r in recs)
+    per_step = _per_step(rows)
+    step_ratio = [g.gap_s / latency.step_time_s(0, 0.0, g.batch, g.context) for g in per_step]
 
     def time_ratio(part: np.ndarray) -> float:
         return float(gap[part].sum() / np.sum((fit * steps_per_gap)[part])) if part.any() else float("nan")
 
-    return {"gaps": len(gap), "median ratio": float(np.median(gap / fit)),
+    return {"gaps": len(gap), "median ratio": float(np.median(step_ratio)),
             "time ratio": time_ratio(np.ones_like(quiet)), "quiet time ratio": time_ratio(quiet),
             "waiting time ratio": time_ratio(~quiet), "waiting share": float(np.mean(~quiet)),
             "long share": float(long.mean()),
-            "long excess share": float(np.sum((gap - fit)[long]) / excess) if excess > 0 else float("nan"),
+            "long excess share": float(np.sum((gap - fit * steps)[long]) / excess) if excess > 0 else float("nan"),
             "stall s per request": float(stall / len(recs)),
-            "shared chunk tokens": sum(max(0, r.output_tokens - len(r.token_times_s)) for r in recs) / out_tokens}
+            "shared chunk tokens": merged / out_tokens}
 
 
 def refit_decode_contention_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *,
@@ -832,7 +876,8 @@ def refit_decode_contention_on_run(latency: FittedLatency, records: Sequence[Req
     measures what the decode role actually loses while prefill works. Stored in
     ``meta["cpu_contention"]["decode"]`` (the probe's value in ``meta["fit"]["contention_probe"]``);
     raises ValueError with fewer than ``min_gaps`` gaps of either kind."""
-    rows = [(gap / latency.step_time_s(0, 0.0, b, ctx), quiet) for b, ctx, gap, quiet in _run_step_gaps(records)]
+    rows = [(g.gap_s / latency.step_time_s(0, 0.0, g.batch, g.context), g.quiet)
+            for g in _per_step(_run_step_gaps(records))]
     quiet = [x for x, q in rows if q]
     busy = [x for x, q in rows if not q]
     if min(len(quiet), len(busy)) < min_gaps:
