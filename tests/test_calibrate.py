@@ -877,7 +877,7 @@ def test_chunk_token_counts_make_a_merged_gap_several_steps():
     gaps = _run_step_gaps([told])
     assert [g.steps for g in gaps] == [1, 1, 3, 1, 1] and [g.steps for g in _run_step_gaps([blind])] == [None] * 5
     assert [g.context for g in gaps] == [100, 101, 102, 105, 106]   # prompt + tokens before the midpoint − 1
-    assert [g._replace(stream=0) for g in _run_step_gaps([role])] == gaps
+    assert [dataclasses.replace(g, stream=0) for g in _run_step_gaps([role])] == gaps
     for rec, long_share, median in ((blind, 1 / 5, 1.0), (told, 0.0, 1.0)):
         tail = decode_gap_tail([rec], lat)
         assert tail["long share"] == pytest.approx(long_share) and tail["median ratio"] == pytest.approx(median)

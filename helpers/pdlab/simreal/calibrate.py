@@ -34,9 +34,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -604,7 +604,8 @@ def _streamed(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     return recs
 
 
-class _StepGap(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class _StepGap:
     """One token gap of a live run, read as decode steps of the server (:func:`_run_step_gaps`)."""
 
     batch: int           #: streams between their first and last token at the gap's midpoint
@@ -660,7 +661,7 @@ def _per_step(rows: Sequence[_StepGap]) -> list[_StepGap]:
     out = []
     for g in rows:
         n = g.steps or 1
-        out.extend([g._replace(gap_s=g.gap_s / n, steps=1)] * n)
+        out.extend([replace(g, gap_s=g.gap_s / n, steps=1)] * n)
     return out
 
 

@@ -35,7 +35,9 @@ from pdlab.transfer.kvbuffer import KVLayout
 
 __all__ = ["TRANSPORTS", "PEER_TRANSPORTS", "DEFAULT_TRANSPORTS", "TransportInfo", "TransportUnavailable",
            "transport_status", "check_available", "expand_transports", "SideChannel", "Receiver", "Sender",
-           "make_receiver", "make_sender", "peer_environment"]
+           "make_receiver", "make_sender", "peer_environment", "ShmReceiver", "ShmSender", "TcpReceiver",
+           "TcpSender", "GlooReceiver", "GlooSender", "MooncakeReceiver", "MooncakeSender", "NixlReceiver",
+           "NixlSender"]
 
 
 class TransportUnavailable(RuntimeError):
