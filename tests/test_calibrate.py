@@ -572,6 +572,24 @@ def test_step_ratio_windows_follow_the_run_over_time():
         step_ratio_windows([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], TRUE)
 
 
+def test_window_memory_tells_a_slow_drift_from_jitter():
+    """A speed that drifts slowly is told by the window before (small error from the previous,
+    large from the median, r near 1); one that alternates has no memory (the previous window is
+    the worst guess); gaps in the windows are no pair; one window is an error."""
+    from pdlab.simreal.calibrate import window_memory
+
+    drift = [{"start_s": 5.0 * k, "ratio": 1.0 + 0.05 * k} for k in range(8)]
+    m = window_memory(drift, 5.0)
+    assert m["pairs"] == 7 and m["from previous"] < 0.05 < m["from median"] and m["lag-1 r"] > 0.99
+    jitter = [{"start_s": 5.0 * k, "ratio": 1.2 if k % 2 else 0.8} for k in range(8)]
+    j = window_memory(jitter, 5.0)
+    assert j["from previous"] > j["from median"] and j["lag-1 r"] == pytest.approx(-1.0)
+    holes = [{"start_s": 0.0, "ratio": 1.0}, {"start_s": 10.0, "ratio": 2.0}, {"start_s": 15.0, "ratio": 1.0}]
+    assert window_memory(holes, 5.0)["pairs"] == 1 and math.isnan(window_memory(holes, 5.0)["lag-1 r"])
+    with pytest.raises(ValueError, match="no two consecutive 5-s windows"):
+        window_memory(drift[:1], 5.0)
+
+
 def test_paired_error_is_zero_for_a_replay_of_itself_and_follows_each_request():
     """A live run that is its own model's replay: paired errors 0; a replay with a prefill twice as
     slow gives a positive paired TTFT error; pairs skip failed requests and match by send order."""

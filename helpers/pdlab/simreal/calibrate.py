@@ -67,6 +67,7 @@ __all__ = [
     "live_ttft_phases",
     "sim_ttft_phases",
     "offered_prefill_load",
+    "window_memory",
     "rate_for_load",
     "decode_steps_vs_model",
     "run_decode_points",
@@ -808,6 +809,26 @@ def step_ratio_windows(records: Sequence[RequestRecord], latency: FittedLatency,
             out.append({"start_s": k * window_s, "gaps": len(sel), "ratio": float(np.median([x for _, x in sel])),
                         "mean batch": float(np.mean([b for b, _ in sel]))})
     return out
+
+
+def window_memory(windows: Sequence[Mapping[str, float]], window_s: float) -> dict[str, float]:
+    """Does one window's decode speed tell the next? Over the consecutive pairs (starts one
+    ``window_s`` apart) of :func:`step_ratio_windows` rows: ``pairs``; ``from previous``, the mean
+    |previous ÷ current − 1| (what a probe just before a block would get); ``from median``, the mean
+    |median of all windows ÷ current − 1| over the same windows (what one fit for the run gets); and
+    ``lag-1 r``, their Pearson correlation (NaN under 3 pairs). Re-probing between blocks tracks the
+    machine only where ``from previous`` is well below ``from median``. Raises ValueError without a
+    consecutive pair."""
+    ratio = {round(w["start_s"] / window_s): float(w["ratio"]) for w in windows}
+    pairs = [(ratio[k - 1], x) for k, x in sorted(ratio.items()) if k - 1 in ratio]
+    if not pairs:
+        raise ValueError(f"no two consecutive {window_s:g}-s windows to compare")
+    prev, cur = np.array(pairs).T
+    mid = float(np.median(list(ratio.values())))
+    return {"pairs": len(pairs), "from previous": float(np.mean(np.abs(prev / cur - 1))),
+            "from median": float(np.mean(np.abs(mid / cur - 1))),
+            "lag-1 r": float(np.corrcoef(prev, cur)[0, 1]) if len(pairs) >= 3 and np.std(prev) * np.std(cur) > 0
+            else float("nan")}
 
 
 def decode_gap_tail(records: Sequence[RequestRecord], latency: FittedLatency, *, long_factor: float = 2.0
