@@ -700,8 +700,14 @@ def test_refit_handoff_on_run_recovers_the_hand_off_level_and_the_prefill_roles_
     assert half["kv_link"]["latency_s"] == pytest.approx(0.025 + run_shift * idle / (idle + busy))
     far = refit_handoff_on_run(probe, live, prior_requests=1e9).meta   # a prior that outweighs any run
     assert far["kv_link"]["latency_s"] == pytest.approx(0.025) and far["cpu_contention"]["prefill"] == pytest.approx(0.34)
-    with pytest.raises(ValueError, match="prior_requests must be >= 0"):
-        refit_handoff_on_run(probe, live, prior_requests=-1)
+    # an infinite prior: exactly the probe's values, the run's still recorded
+    probe_only = refit_handoff_on_run(probe, live, prior_requests=math.inf).meta
+    assert probe_only["kv_link"]["latency_s"] == 0.025 and probe_only["cpu_contention"]["prefill"] == 0.34
+    assert probe_only["fit"]["handoff"]["latency_shift_run_s"] == run_shift
+    assert probe_only["fit"]["handoff"]["prefill_contention_run"] == info["prefill_contention_run"]
+    for bad in (-1, math.nan):
+        with pytest.raises(ValueError, match="prior_requests must be >= 0"):
+            refit_handoff_on_run(probe, live, prior_requests=bad)
 
 
 def test_prefill_core_load_stretches_the_pairs_prefill_by_the_co_runners_share_at_the_replayed_rate():
@@ -925,8 +931,8 @@ def test_every_public_function_of_calibrate_is_exported():
 def test_fit_on_run_chains_the_run_refits_of_each_set_up():
     """Lab 05's run fit: colocated, the decode row scaled to the run and the front-end delay; a
     pair, also the decode role's contention, the prefill core's co-runners when their samples are
-    given, and the hand-off with the prefill contention uncapped, both shrunk toward the probe's
-    by 10 requests unless told otherwise; the prefill row stays the probe's."""
+    given, and the hand-off with the prefill contention uncapped, both the probe's (an infinite
+    prior) unless told otherwise; the prefill row stays the probe's."""
     from pdlab.simreal.calibrate import (
         fit_on_run,
         refit_decode_contention_on_run,
@@ -944,13 +950,19 @@ def test_fit_on_run_chains_the_run_refits_of_each_set_up():
         "kv_link": {"latency_s": 0.025, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.05, "decode": 0.0}})
     for mode in ("colocated", "disaggregated"):
         live = simulate_like_live(reqs, mode, FittedLatency(TRUE.prefill, TRUE.decode, meta=meta), front_end_s=0.02)
-        for prior, kw in ((10.0, {}), (0.0, {"prior_requests": 0.0})):
+        for prior, kw in ((math.inf, {}), (10.0, {"prior_requests": 10.0}), (0.0, {"prior_requests": 0.0})):
             fit = fit_on_run(probe, live, mode, **kw)
             step = scale_decode_on_run(probe, live)
             if mode == "disaggregated":
                 step = refit_handoff_on_run(refit_decode_contention_on_run(step, live), live, cap_at_probe=False,
                                             prior_requests=prior)
-                assert fit.meta["cpu_contention"]["prefill"] > probe.meta["cpu_contention"]["prefill"]   # uncapped
+                probe_c_p = probe.meta["cpu_contention"]["prefill"]
+                if math.isinf(prior):   # the probe's values, the run's (uncapped, above the probe's) recorded
+                    assert fit.meta["cpu_contention"]["prefill"] == probe_c_p
+                    assert fit.meta["kv_link"]["latency_s"] == probe.meta["kv_link"]["latency_s"]
+                    assert fit.meta["fit"]["handoff"]["prefill_contention_run"] > probe_c_p
+                else:
+                    assert fit.meta["cpu_contention"]["prefill"] > probe_c_p   # uncapped
                 assert fit.meta["fit"]["handoff"]["prior_requests"] == prior
             step = refit_front_end_on_run(step, live, mode)
             assert fit.prefill == probe.prefill and fit.decode == pytest.approx(step.decode)

@@ -1116,15 +1116,18 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     A part with fewer than ``min_requests`` requests keeps the probe's value. With
     ``prior_requests`` n0 > 0 each part is shrunk toward the probe's value by the n requests that
     set it, (n·run + n0·probe) ÷ (n + n0): a rate with few such requests (a high rate has few
-    prefill-quiet ones) leans on the probe. ``meta["fit"]["handoff"]`` records both values, the
-    probe's, the run's shift and contention before the cap and the shrinkage (None when too few
-    requests set them), and how many requests set each.
+    prefill-quiet ones) leans on the probe; with ``math.inf`` both parts are the probe's, and the
+    run's values are only recorded. ``meta["fit"]["handoff"]`` records both values, the probe's,
+    the run's shift and contention before the cap and the shrinkage (None when too few requests
+    set them), and how many requests set each.
     """
-    if prior_requests < 0:
+    if not prior_requests >= 0:   # NaN too
         raise ValueError(f"prior_requests must be >= 0, got {prior_requests}")
 
     def toward_probe(run: float, probe: float, n: int) -> float:
         """The run's value from ``n`` requests, shrunk toward the probe's by ``prior_requests``."""
+        if math.isinf(prior_requests):
+            return probe
         return (n * run + prior_requests * probe) / (n + prior_requests)
 
     cal = Calibration.from_latency(latency)
@@ -1159,19 +1162,20 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
 
 def fit_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
                prefill_core_samples: Sequence[Sequence[Sequence[float]]] | None = None,
-               prior_requests: float = 10.0, **sim_kwargs: Any) -> FittedLatency:
+               prior_requests: float = math.inf, **sim_kwargs: Any) -> FittedLatency:
     """Lab 05's observe-then-predict calibration: the probe's fit ``latency`` refitted on one live
     run (``records``) of the set-up ``mode``. The decode row is scaled to the run's quiet steps
     (:func:`scale_decode_on_run`); for a prefill/decode pair, the decode role's contention
     (:func:`refit_decode_contention_on_run`), the CPU the prefill core's co-runners spend per
     request when their CPU samples are given (``prefill_core_samples``, one list per block of
     :class:`~pdlab.serve.cpucost.CPUSampler` samples; :func:`refit_prefill_core_load_on_run`), and
-    the hand-off's level and the prefill role's contention, not capped at the probe's
-    (:func:`refit_handoff_on_run`), each shrunk toward the probe's by the requests that set it
-    with the probe weighing ``prior_requests`` requests (0: the run's values as they are; a high
-    rate has few prefill-quiet requests, 2–6 in lab 05's ci runs, and their median alone did not
-    transfer to the other rates: ``benchmarks/prefill_contention_transfer.py``); then the
-    front-end delay (:func:`refit_front_end_on_run`).
+    the hand-off's level and the prefill role's contention measured on the run, not capped at the
+    probe's (:func:`refit_handoff_on_run`), each shrunk toward the probe's by the requests that set
+    it with the probe weighing ``prior_requests`` requests: 0, the run's values as they are; by
+    default ``math.inf``, the probe's values, the run's only recorded in ``meta["fit"]["handoff"]``
+    (over lab 05's ci runs the run's values, fitted at one rate, did not transfer to the others:
+    ``benchmarks/prefill_contention_transfer.py``); then the front-end delay
+    (:func:`refit_front_end_on_run`).
     ``sim_kwargs`` go to every replay. The prefill row stays the probe's. Raises ValueError when
     the run has too few quiet steps or prefill-quiet requests to fit on."""
     fit = scale_decode_on_run(latency, records)
