@@ -18,8 +18,9 @@ every held-out prediction of the pair with five values of ``c_p`` (and one fit t
   prefill-quiet requests that waited while others streamed leans on the probe;
 - **shrunk, with hand-off**: the run fit with both its hand-off shift and its ``c_p`` shrunk
   toward the probe's by the requests that set each (``fit_on_run(..., prior_requests=n0)``; lab
-  05's run fit since 2026-12-04, with n0 = 10): the hand-off level is set by the prefill-quiet
-  requests that met an idle decode role, and a high rate has few of them too;
+  05's run fit from 2026-12-04 with n0 = 10, and since its late evening with n0 = ∞, the probe's
+  values, after seven more runs favoured them: ``docs/LIVE_LABS.md``): the hand-off level is set
+  by the prefill-quiet requests that met an idle decode role, and a high rate has few of them too;
 - **matched**: the value at which the run fit's replay of its own rate has that rate's median TTFT
   (:func:`~pdlab.simreal.calibrate.match_prefill_contention_on_run`): every request of the fit rate
   sets it, not only the prefill-quiet ones that waited.
