@@ -873,8 +873,7 @@ def decode_gap_tail(records: Sequence[RequestRecord], latency: FittedLatency, *,
     out_tokens = sum(r.output_tokens for r in recs)
     merged = sum(int(np.sum(np.maximum(np.asarray(r.chunk_tokens) - 1, 0))) if _chunks(r)[2]
                  else max(0, r.output_tokens - len(r.token_times_s)) for r in recs)
-    per_step = _per_step(rows)
-    step_ratio = [g.gap_s / latency.step_time_s(0, 0.0, g.batch, g.context) for g in per_step]
+    step_ratio = np.repeat(gap / steps / fit, steps)   # one per engine step, as :func:`_per_step` counts them
 
     def time_ratio(part: np.ndarray) -> float:
         return float(gap[part].sum() / np.sum((fit * steps_per_gap)[part])) if part.any() else float("nan")
