@@ -4,7 +4,7 @@ Lab 05's run fit charges the prefill role of the CPU pair a contention ``c_p`` (
 ``1 + c_p`` times slower while the decode role works), measured on the few prefill-quiet requests
 of one rate that waited while others streamed, and predicts the other rates with it. This reads a
 finished lab 05 run (its ``OUT_DIR``: profiles, records, CPU samples, KV capacity) and replays
-every held-out prediction of the pair with five values of ``c_p`` (and one fit that also shrinks the hand-off):
+every held-out prediction of the pair with six values of ``c_p`` (and two fits that also shrink the hand-off):
 
 - **run**: the run's own value, not shrunk (``fit_on_run(..., prior_requests=0)``, lab 05's run
   fit until 2026-12-04; one constant, fitted at the fit rate);
@@ -21,6 +21,8 @@ every held-out prediction of the pair with five values of ``c_p`` (and one fit t
   05's run fit from 2026-12-04 with n0 = 10, and since its late evening with n0 = ∞, the probe's
   values, after seven more runs favoured them: ``docs/LIVE_LABS.md``): the hand-off level is set
   by the prefill-quiet requests that met an idle decode role, and a high rate has few of them too;
+- **per stream, hand-off**: *per stream*'s scaled value on the *shrunk, with hand-off* fit (with
+  ``--prior-requests inf``, lab 05's run fit since 2026-12-04 with the probe's hand-off);
 - **matched**: the value at which the run fit's replay of its own rate has that rate's median TTFT
   (:func:`~pdlab.simreal.calibrate.match_prefill_contention_on_run`): every request of the fit rate
   sets it, not only the prefill-quiet ones that waited.
@@ -123,11 +125,12 @@ def report(out_dir: Path, prior_requests: float) -> dict[str, list[tuple[float, 
                 scaled = c_p * streams_met(replay(rate, with_prefill_contention(fit, scaled))) / max(at_fit, 1e-9)
             variants = {"run": fit, "probe": with_prefill_contention(fit, probe_cp),
                         "per stream": with_prefill_contention(fit, scaled), "shrunk": with_prefill_contention(fit, shrunk),
-                        "shrunk, with hand-off": both_shrunk, "matched": with_prefill_contention(fit, matched)}
+                        "shrunk, with hand-off": both_shrunk, "matched": with_prefill_contention(fit, matched),
+                        "per stream, hand-off": with_prefill_contention(both_shrunk, scaled)}
             for name, variant in variants.items():
                 sims = replay(rate, variant)
                 errors.setdefault(name, []).append((median_error(sims, live[rate], ttft_s), median_error(sims, live[rate], tpot_s)))
-            print(f"    → {rate:g} req/s: TTFT p50 error, c_p run / probe / per stream ({scaled:.2f}) / shrunk / shrunk with hand-off / matched: "
+            print(f"    → {rate:g} req/s: TTFT p50 error, c_p run / probe / per stream ({scaled:.2f}) / shrunk / shrunk with hand-off / matched / per stream with the shrunk hand-off: "
                   + " / ".join(f"{errors[n][-1][0]:+.0%}" for n in errors))
     print_summary(errors)
     return errors

@@ -140,6 +140,8 @@ def test_disaggregated_requests_load_kv_through_nixl(deployment):
     assert all(r.output_tokens == 16 for r in result.records)
     # vLLM's continuous usage stats, through the proxy: the tokens each chunk held add up
     assert all(r.chunk_tokens is not None and sum(r.chunk_tokens) == 16 for r in result.records)
+    # the proxy's prefill leg (X-Prefill-Seconds) splits each TTFT: it is part of the TTFT, not all of it
+    assert all(0 < r.extra["prefill_leg_s"] < r.ttft_s for r in result.records), [r.extra for r in result.records]
     ev = kv_transfer_evidence(before, deployment.decode_metrics())
     print(ev.summary())
     assert ev.external_kv_tokens > 0 and ev.nixl_transfers >= 1 and ev.nixl_bytes > 0

@@ -123,3 +123,13 @@ def test_outcome_record_of_a_failure_and_without_usage():
     plain = outcome_record(StreamOutcome(chunk_times=[1.0, 2.0, 3.0], usage={"prompt_tokens": 6}),
                            request_id=1, sent_s=0.0)
     assert plain.ok and plain.output_tokens == 3 and plain.prompt_tokens == 6 and plain.instance == ""
+
+
+def test_outcome_record_keeps_the_proxys_prefill_leg():
+    """The course proxy's ``X-Prefill-Seconds`` (any header case) lands in ``extra["prefill_leg_s"]``;
+    a value that is not a number is kept under its own key, not dropped or raised on."""
+    out = StreamOutcome(chunk_times=[1.2, 1.3], usage={"completion_tokens": 2}, headers={"x-prefill-seconds": "0.081250"})
+    assert outcome_record(out, request_id=0, sent_s=1.0).extra == {"prefill_leg_s": pytest.approx(0.08125)}
+    odd = StreamOutcome(chunk_times=[1.2], headers={"X-Prefill-Seconds": "soon"})
+    assert outcome_record(odd, request_id=1, sent_s=1.0).extra == {"prefill_leg_s_unreadable": "soon"}
+    assert "prefill_leg_s" not in outcome_record(StreamOutcome(chunk_times=[1.2]), request_id=2, sent_s=1.0).extra

@@ -131,7 +131,9 @@ def outcome_record(outcome: StreamOutcome, *, request_id: Any, sent_s: float, pr
     without it); ``chunk_tokens``, where the server said, how many each chunk held. ``prompt_tokens`` is the client's count, as vLLM's ``prompt_len`` (the server's
     ``usage`` count when none is given); the server's count is ``server_prompt_tokens``.
     A failed request has ``ok=False``, its error, no ``finish_s``, and the chunk times seen until
-    it failed. The router's ``X-Route`` header goes to ``instance`` and ``extra["route"]``.
+    it failed. The router's ``X-Route`` header goes to ``instance`` and ``extra["route"]``; the
+    course proxy's ``X-Prefill-Seconds`` (its POST to the prefill server until the answer, s) to
+    ``extra["prefill_leg_s"]``, so TTFT splits per request into the prefill leg and the rest.
     """
     times = [t - clock0 for t in outcome.chunk_times]
     usage = outcome.usage
@@ -151,6 +153,12 @@ def outcome_record(outcome: StreamOutcome, *, request_id: Any, sent_s: float, pr
     rec.instance = outcome.headers.get("X-Route", "")
     if rec.instance:
         rec.extra["route"] = rec.instance
+    prefill_leg = next((v for k, v in outcome.headers.items() if k.lower() == "x-prefill-seconds"), None)
+    if prefill_leg is not None:
+        try:
+            rec.extra["prefill_leg_s"] = float(prefill_leg)
+        except ValueError:
+            rec.extra["prefill_leg_s_unreadable"] = prefill_leg
     return rec
 
 

@@ -80,6 +80,7 @@ __all__ = [
     "step_ratio_windows",
     "decode_gap_tail",
     "prefill_quiet_requests",
+    "decode_busy_while_waiting",
     "refit_prefill_on_run",
     "refit_front_end_on_run",
     "refit_handoff_on_run",
@@ -1087,7 +1088,7 @@ def refit_prefill_core_load_on_run(latency: FittedLatency, samples: Sequence[Seq
     return FittedLatency(latency.prefill, latency.decode, tp=latency.tp, pp=latency.pp, meta=meta)
 
 
-def _decode_busy_while_waiting(r: RequestRecord, records: Sequence[RequestRecord]) -> bool:
+def decode_busy_while_waiting(r: RequestRecord, records: Sequence[RequestRecord]) -> bool:
     """Whether another request of ``records`` streamed tokens (first token given, not finished)
     at some moment while ``r`` waited for its first token."""
     return any(o is not r and o.ok and o.first_token_s is not None and o.first_token_s < r.first_token_s
@@ -1135,8 +1136,8 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
     no_cp = with_prefill_contention(latency, 0.0)
     pairs = _quiet_replay_pairs(no_cp, records, "disaggregated", 1, front_end_s=0.0, **sim_kwargs)
     ok = [r for r in records if r.ok and r.first_token_s is not None]
-    idle = [(r, s) for r, s in pairs if not _decode_busy_while_waiting(r, ok)]
-    busy = [(r, s) for r, s in pairs if _decode_busy_while_waiting(r, ok)]
+    idle = [(r, s) for r, s in pairs if not decode_busy_while_waiting(r, ok)]
+    busy = [(r, s) for r, s in pairs if decode_busy_while_waiting(r, ok)]
     run_shift = float(np.median([r.ttft_s - s.ttft_s for r, s in idle])) if len(idle) >= min_requests else None
     shift = run_shift or 0.0
     c_p = probe_c_p = probe_cont.get("prefill", 0.0)
