@@ -1,0 +1,78 @@
+"""Where the pair's run fit loses TTFT under load: each request's prefill leg and hand-off side,
+live against the replay, by the streams it met on arrival. (issue 26, offline on lab 05's output)
+
+Since 2026-12-05 every record of the pair carries the course proxy's prefill leg
+(``extra["prefill_leg_s"]``: its POST to the prefill server until the answer). Each rate of a lab
+05 run is replayed with the run fit fitted on that same rate (``fit_on_run``, lab 05's default),
+and every request's TTFT is split on both sides:
+
+- **prefill side**: live prefill leg − the replay's arrival → start of the KV pull;
+- **hand-off side**: live (TTFT − prefill leg) − the replay's KV pull → first token.
+
+Printed per rate and by the number of other requests already streaming when the request arrived.
+A part the model has right stays near 0 whatever the streams; a part that grows with them is load
+the model spreads evenly over time but a request meets at its arrival.
+
+    .venv/bin/python benchmarks/prefill_leg_by_streams.py build/lab05/ci [build/lab05_s49a ...]
+
+Prints figures; not a test. Starts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from pdlab.metrics import read_records
+from pdlab.simreal.calibrate import fit_on_run, load_calibration, replay_pairs, requests_from_records, simulate_like_live
+
+MODE = "disaggregated"
+TOKEN_BUDGET, MAX_NUM_SEQS = 2048, 128   # lab 05's defaults
+STREAM_GROUPS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 7), (8, 10**6))
+
+
+def report(out_dir: Path) -> None:
+    """Print one lab 05 run's pair: per rate, the two sides' excess (ms) by streams met on arrival."""
+    cal = load_calibration(out_dir / f"{MODE}_profile.json")
+    kv = int(json.loads((out_dir / "kv_capacity.json").read_text())[MODE])
+    kw = dict(kv_capacity_tokens=kv, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS)
+    paths = sorted(out_dir.glob(f"{MODE}_*rps_records.jsonl"), key=lambda p: float(p.name.split("_")[1][:-3]))
+    for path in paths:
+        rate = float(path.name.split("_")[1][:-3])
+        live = sorted((r for r in read_records(path) if r.ok and r.first_token_s is not None), key=lambda r: r.arrival_s)
+        samples = json.loads((out_dir / f"{MODE}_{rate:g}rps_cpu_samples.json").read_text())
+        fit = fit_on_run(cal.latency, live, MODE, prefill_core_samples=samples, **kw)
+        sims = simulate_like_live(requests_from_records(live), MODE, fit, **kw)
+        rows = []
+        for r, s in replay_pairs(live, sims):
+            if "prefill_leg_s" not in r.extra or "kv_transfer_start_s" not in s.extra:
+                continue
+            streams = sum(1 for o in live if o is not r and o.first_token_s < r.arrival_s
+                          and (o.finish_s is None or o.finish_s > r.arrival_s))
+            sim_prefill = s.extra["kv_transfer_start_s"] - s.arrival_s
+            rows.append((streams, r.extra["prefill_leg_s"] - sim_prefill,
+                         (r.ttft_s - r.extra["prefill_leg_s"]) - (s.ttft_s - sim_prefill)))
+        if not rows:
+            print(f"{out_dir.name} {rate:g} req/s: no record carries the prefill leg (a run before 2026-12-05)")
+            continue
+        print(f"{out_dir.name} {rate:g} req/s, run fit on itself: {len(rows)} requests; live − replayed, median: "
+              f"prefill side {np.median([x[1] for x in rows]) * 1e3:+.1f} ms, hand-off side {np.median([x[2] for x in rows]) * 1e3:+.1f} ms")
+        for lo, hi in STREAM_GROUPS:
+            g = [x for x in rows if lo <= x[0] <= hi]
+            if len(g) >= 3:
+                label = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi < 10**6 else f">= {lo}")
+                print(f"    {label:>5} streams on arrival: n {len(g):>3}, prefill side {np.median([x[1] for x in g]) * 1e3:+6.1f} ms, "
+                      f"hand-off side {np.median([x[2] for x in g]) * 1e3:+6.1f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out_dirs", nargs="+", type=Path, help="lab 05 OUT_DIRs (profiles, records, CPU samples)")
+    for out_dir in ap.parse_args().out_dirs:
+        report(out_dir)
+
+
+if __name__ == "__main__":
+    main()
