@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from pdlab.metrics import read_records
-from pdlab.simreal.calibrate import fit_on_run, load_calibration, replay_pairs, requests_from_records, simulate_like_live
+from pdlab.simreal.calibrate import fit_on_run, load_calibration, requests_from_records, simulate_like_live, ttft_sides
 
 MODE = "disaggregated"
 TOKEN_BUDGET, MAX_NUM_SEQS = 2048, 128   # lab 05's defaults
@@ -45,15 +45,7 @@ def report(out_dir: Path) -> None:
         samples = json.loads((out_dir / f"{MODE}_{rate:g}rps_cpu_samples.json").read_text())
         fit = fit_on_run(cal.latency, live, MODE, prefill_core_samples=samples, **kw)
         sims = simulate_like_live(requests_from_records(live), MODE, fit, **kw)
-        rows = []
-        for r, s in replay_pairs(live, sims):
-            if "prefill_leg_s" not in r.extra or "kv_transfer_start_s" not in s.extra:
-                continue
-            streams = sum(1 for o in live if o is not r and o.first_token_s < r.arrival_s
-                          and (o.finish_s is None or o.finish_s > r.arrival_s))
-            sim_prefill = s.extra["kv_transfer_start_s"] - s.arrival_s
-            rows.append((streams, r.extra["prefill_leg_s"] - sim_prefill,
-                         (r.ttft_s - r.extra["prefill_leg_s"]) - (s.ttft_s - sim_prefill)))
+        rows = [(x["streams"], x["prefill_side_s"], x["handoff_side_s"]) for x in ttft_sides(live, sims)]
         if not rows:
             print(f"{out_dir.name} {rate:g} req/s: no record carries the prefill leg (a run before 2026-12-05)")
             continue

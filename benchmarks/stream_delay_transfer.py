@@ -23,18 +23,18 @@ from pathlib import Path
 import numpy as np
 from pdlab.metrics import RequestRecord, read_records, tpot_s, ttft_s
 from pdlab.sim.latency import FittedLatency
-from pdlab.simreal.calibrate import fit_on_run, load_calibration, replay_pairs, requests_from_records, simulate_like_live
+from pdlab.simreal.calibrate import (
+    fit_on_run,
+    load_calibration,
+    replay_pairs,
+    requests_from_records,
+    simulate_like_live,
+    streams_on_arrival,
+)
 
 MODE = "disaggregated"
 TOKEN_BUDGET, MAX_NUM_SEQS = 2048, 128   # lab 05's defaults
 LEAD_S = 1.0   # every arrival is moved this much later first, so a negative delay keeps it after 0
-
-
-def streams_on_arrival(records: list[RequestRecord]) -> dict:
-    """Per request id: how many other requests were streaming (first token given, not finished) when it arrived."""
-    return {r.request_id: sum(1 for o in records if o is not r and o.first_token_s is not None
-                              and o.first_token_s < r.arrival_s and (o.finish_s is None or o.finish_s > r.arrival_s))
-            for r in records}
 
 
 def lad_line(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[float, float]:

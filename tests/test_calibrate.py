@@ -969,3 +969,23 @@ def test_fit_on_run_chains_the_run_refits_of_each_set_up():
             assert fit.meta["front_end_s"] == pytest.approx(step.meta["front_end_s"])
             assert fit.meta["cpu_contention"] == step.meta["cpu_contention"]
             assert fit.meta.get("kv_link") == step.meta.get("kv_link")
+
+
+def test_ttft_sides_split_each_request_by_the_proxys_prefill_leg():
+    """Live prefill leg against the replay's arrival → KV pull; the rest against KV pull → first token."""
+    from pdlab.simreal.calibrate import streams_on_arrival, ttft_sides
+
+    live = [RequestRecord(0, 0.0, 100, 4, 0.100, 0.400, extra={"prefill_leg_s": 0.070}),
+            RequestRecord(1, 0.2, 100, 4, 0.330, 0.600, extra={"prefill_leg_s": 0.095}),
+            RequestRecord(2, 0.3, 100, 4, 0.420, 0.700)]            # no prefill leg: left out
+    sims = [RequestRecord(0, 0.0, 100, 4, 0.090, 0.400, extra={"kv_transfer_start_s": 0.060}),
+            RequestRecord(1, 0.2, 100, 4, 0.300, 0.600, extra={"kv_transfer_start_s": 0.270}),
+            RequestRecord(2, 0.3, 100, 4, 0.400, 0.700, extra={"kv_transfer_start_s": 0.360})]
+    assert streams_on_arrival(live) == {0: 0, 1: 1, 2: 1}
+    rows = ttft_sides(live, sims)
+    assert [r["streams"] for r in rows] == [0, 1]
+    assert rows[0]["prefill_side_s"] == pytest.approx(0.070 - 0.060)           # live leg − replayed arrival → pull
+    assert rows[0]["handoff_side_s"] == pytest.approx((0.100 - 0.070) - (0.090 - 0.060))
+    assert rows[1]["prefill_side_s"] == pytest.approx(0.095 - 0.070)
+    assert rows[1]["handoff_side_s"] == pytest.approx((0.130 - 0.095) - (0.100 - 0.070))
+    assert ttft_sides([dataclasses.replace(r, extra={}) for r in live], sims) == []

@@ -81,6 +81,8 @@ __all__ = [
     "decode_gap_tail",
     "prefill_quiet_requests",
     "decode_busy_while_waiting",
+    "streams_on_arrival",
+    "ttft_sides",
     "refit_prefill_on_run",
     "refit_front_end_on_run",
     "refit_handoff_on_run",
@@ -1093,6 +1095,45 @@ def decode_busy_while_waiting(r: RequestRecord, records: Sequence[RequestRecord]
     at some moment while ``r`` waited for its first token."""
     return any(o is not r and o.ok and o.first_token_s is not None and o.first_token_s < r.first_token_s
                and o.finish_s > r.arrival_s for o in records)
+
+
+def streams_on_arrival(records: Sequence[RequestRecord]) -> dict[Any, int]:
+    """Per request id: how many other requests of ``records`` were streaming (first token given,
+    not finished) when it arrived. A request's front end and its prefill share the prefill core
+    with the streaming of these (on the course's CPU pair, the decode API server, proxy and client).
+
+    >>> from pdlab.metrics import RequestRecord
+    >>> recs = [RequestRecord(0, 0.0, 8, 4, 0.1, 0.5), RequestRecord(1, 0.2, 8, 4, 0.3, 0.6),
+    ...         RequestRecord(2, 0.4, 8, 4, 0.45, 0.7)]
+    >>> streams_on_arrival(recs)
+    {0: 0, 1: 1, 2: 2}
+    """
+    return {r.request_id: sum(1 for o in records if o is not r and o.first_token_s is not None
+                              and o.first_token_s < r.arrival_s and (o.finish_s is None or o.finish_s > r.arrival_s))
+            for r in records}
+
+
+def ttft_sides(live: Sequence[RequestRecord], sims: Sequence[RequestRecord]) -> list[dict[str, float]]:
+    """A pair's TTFT, live against its replay, split per request into two sides (seconds):
+
+    - ``prefill_side_s``: the live prefill leg (``extra["prefill_leg_s"]``, the course proxy's
+      ``X-Prefill-Seconds``: its POST to the prefill server until the answer) − the replay's
+      arrival → start of the KV pull (``extra["kv_transfer_start_s"]``);
+    - ``handoff_side_s``: live TTFT − that leg, minus the replay's KV pull → first token;
+
+    with ``streams`` (:func:`streams_on_arrival`, live). One row per completed request that has
+    both; an empty list when no live record carries the prefill leg (runs before 2026-12-05, or
+    another front door than the course proxy). ``sims``: :func:`simulate_like_live` of ``live``."""
+    met = streams_on_arrival(live)
+    rows = []
+    for r, s in replay_pairs(live, sims):
+        leg, pull = r.extra.get("prefill_leg_s"), s.extra.get("kv_transfer_start_s")
+        if leg is None or pull is None:
+            continue
+        sim_prefill = pull - s.arrival_s
+        rows.append({"streams": met[r.request_id], "prefill_side_s": leg - sim_prefill,
+                     "handoff_side_s": (r.ttft_s - leg) - (s.ttft_s - sim_prefill)})
+    return rows
 
 
 def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord], *, min_requests: int = 3,
