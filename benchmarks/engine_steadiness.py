@@ -41,7 +41,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from machine_steadiness import kernels  # noqa: E402, I001  (a sibling script: benchmarks/ is on sys.path)
+from pdlab.serve.hostcheck import kernels  # noqa: E402
 from pdlab.serve import colocated, free_port  # noqa: E402
 from pdlab.serve.cpucost import machine_cpu_seconds  # noqa: E402
 from pdlab.serve.modelbuild import tiny_model_dir  # noqa: E402
