@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from pdlab.hardware import machine_type
 from pdlab.serve.hostcheck import BAND_SPREAD, HostCheck, KernelWindows, between_checks, host_lines, measure_host
 
 
@@ -25,6 +26,7 @@ def test_host_lines_say_whether_the_host_alone_can_break_the_band():
     assert host_lines([]) == []
     calm = host_lines([_check(0, (0.97, 1.0, 1.03)), _check(1, (0.98, 1.02))])
     assert "up to 1.06×" in calm[0] and "the host was steady" in calm[1]
+    assert f"the bare host ({machine_type()};" in calm[0]   # which machine type the verdict is about
     rough = host_lines([_check(0, (0.97, 1.03)), _check(1, (0.86, 1.35), copy_windows=(0.92, 1.08))])
     assert "up to 1.57× (core 1; the 64 MiB copy up to 1.17×)" in rough[0]
     assert rough[1].startswith("1 of 2 check(s) moved more than a ±10 % band holds (1.22×)")

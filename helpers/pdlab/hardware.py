@@ -28,6 +28,8 @@ __all__ = [
     "DTYPE_BYTES",
     "dtype_bytes",
     "cpu_flags",
+    "cpu_model",
+    "machine_type",
     "cpu_serving_dtype",
     "tcmalloc_library",
 ]
@@ -181,18 +183,35 @@ def detect_device() -> dict[str, Any]:
     if cuda_available():
         info.update(kind="cuda", name=torch.cuda.get_device_name(0), count=torch.cuda.device_count())
     else:
-        try:
-            with open("/proc/cpuinfo") as fh:
-                for line in fh:
-                    if line.startswith("model name"):
-                        info["name"] = line.split(":", 1)[1].strip()
-                        break
-        except OSError:
-            pass
-        import os
-
+        info["name"] = cpu_model() or info["name"]
         info["count"] = os.cpu_count() or 1
     return info
+
+
+def cpu_model() -> str:
+    """This CPU's model name (``/proc/cpuinfo``'s "model name"; "" where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def machine_type(flags: set[str] | None = None, model: str | None = None, cpus: int | None = None) -> str:
+    """A short name for the machine a measurement ran on, e.g. "Intel(R) Xeon(R) Processor, 2 CPUs,
+    AMX, VM": two machines of one "kind" can differ in all of these, and a timing result with them.
+
+    >>> machine_type({"avx512f", "hypervisor"}, "AMD EPYC 9R14", 2)
+    'AMD EPYC 9R14, 2 CPUs, AVX-512, VM'
+    """
+    flags = cpu_flags() if flags is None else flags
+    model = (cpu_model() if model is None else model) or platform.machine()
+    cpus = os.cpu_count() if cpus is None else cpus
+    isa = "AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+    return ", ".join(x for x in (model, f"{cpus} CPUs", isa, "VM" if "hypervisor" in flags else "") if x)
 
 
 def cpu_flags() -> set[str]:

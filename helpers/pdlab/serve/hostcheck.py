@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pdlab.hardware import machine_type
 from pdlab.serve.cpucost import machine_cpu_seconds
 
 __all__ = ["KERNELS", "BAND_SPREAD", "BUSY_LIMIT", "kernels", "KernelWindows", "HostCheck", "measure_host", "between_checks", "host_lines"]
@@ -207,7 +208,7 @@ def host_lines(checks: Sequence[HostCheck]) -> list[str]:
     moved = [c for c in checks if not c.within_band]
     copy = max(c.kernels["copy"].spread for c in checks)
     drift = between_checks(checks)
-    head = (f"the bare host (a fixed matmul pinned to one core, {len(checks)} check(s) of "
+    head = (f"the bare host ({machine_type()}; a fixed matmul pinned to one core, {len(checks)} check(s) of "
             f"{min(c.span_s for c in checks):.0f} s): slowest ÷ fastest {min(c.window_s for c in checks):g}-s window "
             f"up to {worst.spread:.2f}× (core {worst.core}; the 64 MiB copy up to {copy:.2f}×), one core's median "
             f"between its checks up to {drift:.2f}×, machine busy {max(c.busy_cores for c in checks):.2f} cores, "
