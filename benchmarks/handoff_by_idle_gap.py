@@ -25,15 +25,14 @@ Prints figures; not a test. Starts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from pdlab.metrics import RequestRecord, read_records
+from pdlab.metrics import RequestRecord
 from pdlab.simreal.calibrate import (
     decode_busy_while_waiting,
-    load_calibration,
+    load_saved_run,
     prefill_quiet_requests,
     replay_pairs,
     requests_from_records,
@@ -69,14 +68,13 @@ def idle_gap_s(r: RequestRecord, ok: list[RequestRecord]) -> float | None:
 
 def lone_request_shifts(out_dir: Path, setup: str) -> list[dict]:
     """One row per request that met no other request while it waited, at every rate of one run."""
-    cal = load_calibration(out_dir / f"{setup}_profile.json")
+    run = load_saved_run(out_dir, setup)
+    cal, kv = run.calibration, run.kv_capacity_tokens
     latency = with_prefill_contention(cal.latency, 0.0) if setup == "disaggregated" else cal.latency
-    kv = int(json.loads((out_dir / "kv_capacity.json").read_text())[setup])
     rows = []
-    paths = sorted(out_dir.glob(f"{setup}_*rps_records.jsonl"), key=lambda p: float(p.name.split("_")[1][:-3]))
-    for rank, path in enumerate(paths):
-        load = LOADS[rank] if len(paths) == len(LOADS) else f"rate {rank + 1} of {len(paths)}"
-        live = sorted((r for r in read_records(path) if r.ok and r.first_token_s is not None), key=lambda r: r.arrival_s)
+    for rank, rate in enumerate(run.records):
+        load = LOADS[rank] if len(run.records) == len(LOADS) else f"rate {rank + 1} of {len(run.records)}"
+        live = run.completed(rate)
         quiet = {id(r) for r in prefill_quiet_requests(live) if not decode_busy_while_waiting(r, live)}
         sims = simulate_like_live(requests_from_records(live), setup, latency, kv_capacity_tokens=kv,
                                   token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS, front_end_s=0.0)

@@ -41,15 +41,14 @@ with ``RESERVE_DECODE_CORE`` on a CPU (the default there).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
-from pdlab.metrics import RequestRecord, read_records, tpot_s, ttft_s
+from pdlab.metrics import RequestRecord, tpot_s, ttft_s
 from pdlab.sim.latency import FittedLatency
 from pdlab.simreal.calibrate import (
     fit_on_run,
-    load_calibration,
+    load_saved_run,
     match_prefill_contention_on_run,
     requests_from_records,
     simulate_like_live,
@@ -91,12 +90,11 @@ def print_summary(errors: dict[str, list[tuple[float, float]]]) -> None:
 
 def report(out_dir: Path, prior_requests: float) -> dict[str, list[tuple[float, float]]]:
     """Print one lab 05 run's held-out predictions of the pair; return (TTFT, TPOT) errors per variant."""
-    cal = load_calibration(out_dir / f"{MODE}_profile.json")
-    kv = int(json.loads((out_dir / "kv_capacity.json").read_text())[MODE])
-    sim_kw = dict(kv_capacity_tokens=kv, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS)
-    rates = sorted(float(p.name.split("_")[1].removesuffix("rps")) for p in out_dir.glob(f"{MODE}_*rps_records.jsonl"))
-    live = {r: read_records(out_dir / f"{MODE}_{r:g}rps_records.jsonl") for r in rates}
-    samples = {r: json.loads((out_dir / f"{MODE}_{r:g}rps_cpu_samples.json").read_text()) for r in rates}
+    run = load_saved_run(out_dir, MODE)
+    cal, live = run.calibration, run.records
+    sim_kw = dict(kv_capacity_tokens=run.kv_capacity_tokens, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS)
+    rates = list(live)
+    samples = {r: run.cpu_samples(r) for r in rates}
     probe_cp = float(cal.latency.meta["cpu_contention"]["prefill"])
 
     def replay(rate: float, lat: FittedLatency) -> list[RequestRecord]:

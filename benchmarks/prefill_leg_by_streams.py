@@ -21,12 +21,16 @@ Prints figures; not a test. Starts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
-from pdlab.metrics import read_records
-from pdlab.simreal.calibrate import fit_on_run, load_calibration, requests_from_records, simulate_like_live, ttft_sides
+from pdlab.simreal.calibrate import (
+    fit_on_run,
+    load_saved_run,
+    requests_from_records,
+    simulate_like_live,
+    ttft_sides,
+)
 
 MODE = "disaggregated"
 TOKEN_BUDGET, MAX_NUM_SEQS = 2048, 128   # lab 05's defaults
@@ -35,15 +39,11 @@ STREAM_GROUPS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 7), (8, 10**6))
 
 def report(out_dir: Path) -> None:
     """Print one lab 05 run's pair: per rate, the two sides' excess (ms) by streams met on arrival."""
-    cal = load_calibration(out_dir / f"{MODE}_profile.json")
-    kv = int(json.loads((out_dir / "kv_capacity.json").read_text())[MODE])
-    kw = dict(kv_capacity_tokens=kv, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS)
-    paths = sorted(out_dir.glob(f"{MODE}_*rps_records.jsonl"), key=lambda p: float(p.name.split("_")[1][:-3]))
-    for path in paths:
-        rate = float(path.name.split("_")[1][:-3])
-        live = sorted((r for r in read_records(path) if r.ok and r.first_token_s is not None), key=lambda r: r.arrival_s)
-        samples = json.loads((out_dir / f"{MODE}_{rate:g}rps_cpu_samples.json").read_text())
-        fit = fit_on_run(cal.latency, live, MODE, prefill_core_samples=samples, **kw)
+    run = load_saved_run(out_dir, MODE)
+    kw = dict(kv_capacity_tokens=run.kv_capacity_tokens, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS)
+    for rate in run.records:
+        live = run.completed(rate)
+        fit = fit_on_run(run.calibration.latency, live, MODE, prefill_core_samples=run.cpu_samples(rate), **kw)
         sims = simulate_like_live(requests_from_records(live), MODE, fit, **kw)
         rows = [(x["streams"], x["prefill_side_s"], x["handoff_side_s"]) for x in ttft_sides(live, sims)]
         if not rows:

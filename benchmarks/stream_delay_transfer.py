@@ -16,16 +16,15 @@ Prints figures; not a test. Starts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from pdlab.metrics import RequestRecord, read_records, tpot_s, ttft_s
+from pdlab.metrics import RequestRecord, tpot_s, ttft_s
 from pdlab.sim.latency import FittedLatency
 from pdlab.simreal.calibrate import (
     fit_on_run,
-    load_calibration,
+    load_saved_run,
     replay_pairs,
     requests_from_records,
     simulate_like_live,
@@ -68,18 +67,15 @@ def median_errors(sims: list[RequestRecord], live: list[RequestRecord]) -> tuple
 
 def report(out_dir: Path) -> dict[str, list[tuple[float, float]]]:
     """Print one run's lines a + b·streams and its held-out predictions; return (TTFT, TPOT) errors per variant."""
-    cal = load_calibration(out_dir / f"{MODE}_profile.json")
-    kv = int(json.loads((out_dir / "kv_capacity.json").read_text())[MODE])
-    kw = dict(kv_capacity_tokens=kv, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS)
-    paths = sorted(out_dir.glob(f"{MODE}_*rps_records.jsonl"), key=lambda p: float(p.name.split("_")[1][:-3]))
-    rates = [float(p.name.split("_")[1][:-3]) for p in paths]
-    live = {r: sorted((x for x in read_records(p) if x.ok and x.first_token_s is not None), key=lambda x: x.arrival_s)
-            for r, p in zip(rates, paths, strict=True)}
+    run = load_saved_run(out_dir, MODE)
+    kw = dict(kv_capacity_tokens=run.kv_capacity_tokens, token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS)
+    rates = list(run.records)
+    live = {r: run.completed(r) for r in rates}
     errors: dict[str, list[tuple[float, float]]] = {"lab 05's run fit": [], "+ a + b × streams": []}
     lines = []
     for fit_rate in rates:
-        samples = json.loads((out_dir / f"{MODE}_{fit_rate:g}rps_cpu_samples.json").read_text())
-        fit = fit_on_run(cal.latency, live[fit_rate], MODE, prefill_core_samples=samples, **kw)
+        fit = fit_on_run(run.calibration.latency, live[fit_rate], MODE, prefill_core_samples=run.cpu_samples(fit_rate),
+                         **kw)
         pairs = replay_pairs(live[fit_rate], simulate_like_live(requests_from_records(live[fit_rate]), MODE, fit, **kw))
         met = streams_on_arrival(live[fit_rate])
         a, b = lad_line(np.array([met[r.request_id] for r, _ in pairs], float),

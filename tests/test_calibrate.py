@@ -989,3 +989,27 @@ def test_ttft_sides_split_each_request_by_the_proxys_prefill_leg():
     assert rows[1]["prefill_side_s"] == pytest.approx(0.095 - 0.070)
     assert rows[1]["handoff_side_s"] == pytest.approx((0.130 - 0.095) - (0.100 - 0.070))
     assert ttft_sides([dataclasses.replace(r, extra={}) for r in live], sims) == []
+
+
+def test_load_saved_run_reads_what_lab_05_writes_for_offline_refits(tmp_path):
+    """Calibration, KV capacity, each rate's records (ascending), completed requests and CPU samples."""
+    from pdlab.metrics import write_records
+    from pdlab.simreal.calibrate import load_saved_run
+
+    lat = FittedLatency((0.01, 1e-5, 0.0), (0.004, 1e-7, 1e-4))
+    save_calibration(Calibration.from_latency(lat), tmp_path / "disaggregated_profile.json")
+    (tmp_path / "kv_capacity.json").write_text(json.dumps({"colocated": 1000, "disaggregated": 4096}))
+    late, early = RequestRecord(1, 0.5, 10, 4, 0.6, 0.9), RequestRecord(0, 0.1, 10, 4, 0.2, 0.5)
+    failed = dataclasses.replace(RequestRecord(2, 0.3, 10, 4, None, None), ok=False, error="500")
+    write_records([late, failed, early], tmp_path / "disaggregated_8.8rps_records.jsonl")
+    write_records([early], tmp_path / "disaggregated_2.9rps_records.jsonl")
+    (tmp_path / "disaggregated_8.8rps_cpu_samples.json").write_text(json.dumps([[[0.0, 1.0]], [[1.0, 2.0]]]))
+
+    run = load_saved_run(tmp_path, "disaggregated")
+    assert list(run.records) == [2.9, 8.8] and run.kv_capacity_tokens == 4096
+    assert run.calibration.latency.prefill == pytest.approx(lat.prefill)
+    assert len(run.records[8.8]) == 3                                   # as written, the failure too
+    assert [r.request_id for r in run.completed(8.8)] == [0, 1]        # completed, in arrival order
+    assert run.cpu_samples(8.8) == [[[0.0, 1.0]], [[1.0, 2.0]]]
+    with pytest.raises(ValueError, match="no colocated_<rate>rps_records.jsonl"):
+        load_saved_run(tmp_path, "colocated")

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from pdlab.metrics import SLO, RequestRecord, percentiles, slo_attainment, tpot_s, ttft_s
+from pdlab.metrics import SLO, RequestRecord, percentiles, read_records, slo_attainment, tpot_s, ttft_s
 from pdlab.sim.latency import PROFILE_FORMAT, FittedLatency, load_profile
 from pdlab.simreal.records import Calibration, Contention, LinkFit, StepPoint
 from pdlab.workloads import Request
@@ -55,6 +55,8 @@ __all__ = [
     "admission_overhead_s",
     "save_calibration",
     "load_calibration",
+    "SavedRun",
+    "load_saved_run",
     "build_sim",
     "requests_from_records",
     "server_prompt_tokens",
@@ -321,6 +323,43 @@ def load_calibration(path: str | Path) -> Calibration:
     if fmt not in (None, PROFILE_FORMAT):
         raise ValueError(f"{path}: unknown profile format {fmt!r}; expected {PROFILE_FORMAT}")
     return Calibration.from_latency(lat)
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """One set-up of a lab 05 ``OUT_DIR``, as the lab writes it for offline refits: the probe
+    calibration (``<setup>_profile.json``), the KV capacity (tokens, ``kv_capacity.json``) and each
+    rate's records (``<setup>_<rate>rps_records.jsonl``, failed requests included), by rate (req/s),
+    ascending. Read with :func:`load_saved_run`."""
+
+    out_dir: Path
+    setup: str
+    calibration: Calibration
+    kv_capacity_tokens: int
+    records: dict[float, list[RequestRecord]]
+
+    def completed(self, rate: float) -> list[RequestRecord]:
+        """``rate``'s requests that gave a first token, in arrival order."""
+        return sorted((r for r in self.records[rate] if r.ok and r.first_token_s is not None),
+                      key=lambda r: r.arrival_s)
+
+    def cpu_samples(self, rate: float) -> list:
+        """``rate``'s co-runner CPU samples, one list per block (``<setup>_<rate>rps_cpu_samples.json``)."""
+        return json.loads((self.out_dir / f"{self.setup}_{rate:g}rps_cpu_samples.json").read_text())
+
+
+def load_saved_run(out_dir: str | Path, setup: str) -> SavedRun:
+    """Read ``setup``'s calibration, KV capacity and records from a lab 05 ``OUT_DIR``. Raises
+    FileNotFoundError naming the file that is missing, ValueError when the folder has no records
+    of ``setup``."""
+    out_dir = Path(out_dir)
+    paths = list(out_dir.glob(f"{setup}_*rps_records.jsonl"))
+    if not paths:
+        raise ValueError(f"{out_dir}: no {setup}_<rate>rps_records.jsonl (not a lab 05 OUT_DIR, or another set-up)")
+    rates = sorted(float(p.name.removeprefix(f"{setup}_").removesuffix("rps_records.jsonl")) for p in paths)
+    return SavedRun(out_dir, setup, load_calibration(out_dir / f"{setup}_profile.json"),
+                    int(json.loads((out_dir / "kv_capacity.json").read_text())[setup]),
+                    {r: read_records(out_dir / f"{setup}_{r:g}rps_records.jsonl") for r in rates})
 
 
 # ---------------------------------------------------------------------------------------------
