@@ -37,6 +37,7 @@ from pdlab.simreal.calibrate import (
     replay_pairs,
     requests_from_records,
     simulate_like_live,
+    ttft_sides,
     with_prefill_contention,
 )
 
@@ -78,15 +79,15 @@ def lone_request_shifts(out_dir: Path, setup: str) -> list[dict]:
         quiet = {id(r) for r in prefill_quiet_requests(live) if not decode_busy_while_waiting(r, live)}
         sims = simulate_like_live(requests_from_records(live), setup, latency, kv_capacity_tokens=kv,
                                   token_budget=TOKEN_BUDGET, max_num_seqs=MAX_NUM_SEQS, front_end_s=0.0)
+        sides = {x["request_id"]: x for x in ttft_sides(live, sims)}   # where the records carry the prefill leg
         for r, s in replay_pairs(live, sims):
             gap = idle_gap_s(r, live) if id(r) in quiet else None
             if gap is None:
                 continue
             row = {"run": out_dir.name, "load": load, "gap_s": gap, "shift_s": r.ttft_s - s.ttft_s}
-            if "prefill_leg_s" in r.extra and "kv_transfer_start_s" in s.extra:
-                sim_prefill = s.extra["kv_transfer_start_s"] - s.arrival_s
-                row["prefill_side_s"] = r.extra["prefill_leg_s"] - sim_prefill
-                row["handoff_side_s"] = (r.ttft_s - r.extra["prefill_leg_s"]) - (s.ttft_s - sim_prefill)
+            if r.request_id in sides:
+                row["prefill_side_s"] = sides[r.request_id]["prefill_side_s"]
+                row["handoff_side_s"] = sides[r.request_id]["handoff_side_s"]
             rows.append(row)
     return rows
 

@@ -983,7 +983,7 @@ def test_ttft_sides_split_each_request_by_the_proxys_prefill_leg():
             RequestRecord(2, 0.3, 100, 4, 0.400, 0.700, extra={"kv_transfer_start_s": 0.360})]
     assert streams_on_arrival(live) == {0: 0, 1: 1, 2: 1}
     rows = ttft_sides(live, sims)
-    assert [r["streams"] for r in rows] == [0, 1]
+    assert [r["streams"] for r in rows] == [0, 1] and [r["request_id"] for r in rows] == [0, 1]
     assert rows[0]["prefill_side_s"] == pytest.approx(0.070 - 0.060)           # live leg − replayed arrival → pull
     assert rows[0]["handoff_side_s"] == pytest.approx((0.100 - 0.070) - (0.090 - 0.060))
     assert rows[1]["prefill_side_s"] == pytest.approx(0.095 - 0.070)

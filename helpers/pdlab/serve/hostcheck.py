@@ -37,10 +37,7 @@ import numpy as np
 from pdlab.hardware import machine_type
 from pdlab.serve.cpucost import machine_cpu_seconds
 
-__all__ = ["KERNELS", "BAND_SPREAD", "BUSY_LIMIT", "kernels", "KernelWindows", "HostCheck", "measure_host", "between_checks", "host_lines"]
-
-#: The kernels, in the order they alternate.
-KERNELS = ("matmul", "copy")
+__all__ = ["BAND_SPREAD", "BUSY_LIMIT", "kernels", "KernelWindows", "HostCheck", "measure_host", "between_checks", "host_lines"]
 
 #: Highest ÷ lowest window a ±10 % band can hold (1.1 / 0.9): a host that moves more than this
 #: can by itself put a prediction outside ±10 %.
@@ -134,10 +131,13 @@ class HostCheck:
                     for n, k in d["kernels"].items()})
 
 
-def _check_args(seconds: float, window_s: float) -> None:
+def _check_args(core: int, seconds: float, window_s: float) -> None:
+    """ValueError naming the problem: too short a check, or a core this process may not use."""
     if not window_s > 0 or not seconds >= 2 * window_s:
         raise ValueError(f"a host check needs a positive window and at least two windows, got "
                          f"seconds={seconds}, window_s={window_s}")
+    if core not in os.sched_getaffinity(0):
+        raise ValueError(f"core {core} is not available to this process (have {sorted(os.sched_getaffinity(0))})")
 
 
 def _run_here(core: int, seconds: float, window_s: float) -> HostCheck:
@@ -174,9 +174,7 @@ def measure_host(core: int, seconds: float = 12.0, window_s: float = 2.0) -> Hos
     one BLAS thread. Run it with nothing else on the machine: it measures the host, and anything
     running beside it is counted in ``busy_cores``. Raises ValueError for a core this process may
     not use or too short a check, RuntimeError when the child fails (with its output)."""
-    _check_args(seconds, window_s)
-    if core not in os.sched_getaffinity(0):
-        raise ValueError(f"core {core} is not available to this process (have {sorted(os.sched_getaffinity(0))})")
+    _check_args(core, seconds, window_s)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "pdlab.serve.hostcheck", "--core", str(core), "--seconds", f"{seconds:g}",
             "--window", f"{window_s:g}", "--json"]
@@ -236,11 +234,9 @@ def _main(argv: Sequence[str] | None = None) -> None:
                     help="run the kernels in this process and print one JSON line (what measure_host's child does)")
     args = ap.parse_args(argv)
     try:
-        _check_args(args.seconds, args.window)
+        _check_args(args.core, args.seconds, args.window)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    if args.core not in os.sched_getaffinity(0):
-        raise SystemExit(f"core {args.core} is not available to this process ({sorted(os.sched_getaffinity(0))})")
     if args.json:
         print(json.dumps(_run_here(args.core, args.seconds, args.window).to_json()))
     else:

@@ -1160,7 +1160,7 @@ def ttft_sides(live: Sequence[RequestRecord], sims: Sequence[RequestRecord]) -> 
       arrival → start of the KV pull (``extra["kv_transfer_start_s"]``);
     - ``handoff_side_s``: live TTFT − that leg, minus the replay's KV pull → first token;
 
-    with ``streams`` (:func:`streams_on_arrival`, live). One row per completed request that has
+    with ``request_id`` and ``streams`` (:func:`streams_on_arrival`, live). One row per completed request that has
     both; an empty list when no live record carries the prefill leg (runs before 2026-12-05, or
     another front door than the course proxy). ``sims``: :func:`simulate_like_live` of ``live``."""
     met = streams_on_arrival(live)
@@ -1170,7 +1170,7 @@ def ttft_sides(live: Sequence[RequestRecord], sims: Sequence[RequestRecord]) -> 
         if leg is None or pull is None:
             continue
         sim_prefill = pull - s.arrival_s
-        rows.append({"streams": met[r.request_id], "prefill_side_s": leg - sim_prefill,
+        rows.append({"request_id": r.request_id, "streams": met[r.request_id], "prefill_side_s": leg - sim_prefill,
                      "handoff_side_s": (r.ttft_s - leg) - (s.ttft_s - sim_prefill)})
     return rows
 
