@@ -158,6 +158,18 @@ def test_fit_handoff_recovers_latency_and_per_token_time():
         fit_handoff([pts[0], pts[0]], TRUE)
 
 
+def test_fit_handoff_subtracts_the_proxys_prefill_leg_when_every_point_has_one():
+    """The leg the proxy timed replaces the fitted prefill: a leg 5 ms longer than the fit stays out of the hand-off."""
+    pts = [{"tokens": n, "prefill_leg_s": TRUE.prefill_time_s([n]) + 0.005,
+            "ttft_s": TRUE.prefill_time_s([n]) + 0.005 + TRUE.decode_time_s([n]) + 0.012 + 2e-6 * n}
+           for n in (32, 256, 1024)]
+    link = fit_handoff(pts, TRUE)
+    assert math.isclose(link.latency_s, 0.012, rel_tol=1e-6) and math.isclose(link.s_per_token, 2e-6, rel_tol=1e-6)
+    # one point without a leg: all points use the fitted prefill, and the 5 ms land in the hand-off
+    mixed = fit_handoff([pts[0], pts[1], {k: v for k, v in pts[2].items() if k != "prefill_leg_s"}], TRUE)
+    assert math.isclose(mixed.latency_s, 0.017, rel_tol=1e-6)
+
+
 # ------------------------------------------------------------------ profile files
 def _measured_calibration() -> Calibration:
     lat = fit_profile(_points(), meta={"source": "test"})

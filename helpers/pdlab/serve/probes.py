@@ -211,11 +211,14 @@ def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: i
 
 def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, seed: int = 0,
                   **bench_kwargs: Any) -> list[dict[str, float]]:
-    """TTFT through a disaggregation proxy of single prompts, ``max_tokens=1``: ``{"tokens", "ttft_s"}``.
+    """TTFT through a disaggregation proxy of single prompts, ``max_tokens=1``: ``{"tokens", "ttft_s",
+    "samples"}`` per length (medians), with ``"prefill_leg_s"`` (the median of the proxy's
+    ``X-Prefill-Seconds``, s) where every request of the length carried one.
 
     Through the proxy a request is prefilled (one token, discarded), its KV is handed to the
-    decode server, which generates the first token the client sees. Subtracting the prefill and
-    one decode step (:func:`fit_handoff`) leaves the hand-off: proxy, KV transfer, decode-side work.
+    decode server, which generates the first token the client sees. Subtracting the prefill leg
+    (or, without one, the fitted prefill) and one decode step (:func:`fit_handoff`) leaves the
+    hand-off: proxy, KV transfer, decode-side work.
     """
     order = [int(x) for x in lengths for _ in range(repeats)]
     np.random.default_rng(seed).shuffle(order)
@@ -224,9 +227,14 @@ def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, s
     by_len: dict[int, list[RequestRecord]] = {}
     for rec in recs:
         by_len.setdefault(rec.prompt_tokens, []).append(rec)
-    return [{"tokens": int(np.median([server_prompt_tokens(r) for r in g])),
-             "ttft_s": float(np.median([r.ttft_s for r in g])), "samples": len(g)}
-            for _, g in sorted(by_len.items())]
+    rows = []
+    for _, g in sorted(by_len.items()):
+        row = {"tokens": int(np.median([server_prompt_tokens(r) for r in g])),
+               "ttft_s": float(np.median([r.ttft_s for r in g])), "samples": len(g)}
+        if all("prefill_leg_s" in r.extra for r in g):
+            row["prefill_leg_s"] = float(np.median([r.extra["prefill_leg_s"] for r in g]))
+        rows.append(row)
+    return rows
 
 
 def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 1024, repeats: int = 3,

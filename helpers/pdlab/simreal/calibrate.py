@@ -219,6 +219,12 @@ def fit_profile(points: Iterable[StepPoint | Mapping[str, Any]], *,
 def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) -> LinkFit:
     """KV hand-off from proxy TTFTs: ttft − prefill(l) − decode step(1, l) = latency_s + l·s_per_token.
 
+    prefill(l) is the point's ``prefill_leg_s`` (the proxy's own clock around its POST to the
+    prefill server) where every point has one, else the fitted ``latency.prefill_time_s``. The
+    leg, not the fit: a single prompt's leg through the proxy runs longer than the prefill
+    server's own TTFT that the prefill row is fitted on (the finished, non-streamed answer and
+    one more HTTP hop; 4–6 ms on the course's CPU pair, ``benchmarks/handoff_probe_vs_workload.py``),
+    and a hand-off that absorbed it came out 7–13 ms longer than the workload's own.
     Returns a :class:`~pdlab.simreal.records.LinkFit`: non-negative least squares on the
     residual times (a negative residual — the proxy path faster than the model says — is clipped
     to 0); ``mae_s`` is the fit's mean absolute error in seconds. (A relative error is not
@@ -231,8 +237,9 @@ def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) 
     ls = np.array([float(h["tokens"]) for h in handoff])
     if len(set(ls)) < 2:
         raise ValueError("hand-off points need >= 2 distinct prompt lengths")
-    rest = np.array([float(h["ttft_s"]) - latency.prefill_time_s([int(n)]) - latency.decode_time_s([int(n)])
-                     for h, n in zip(handoff, ls, strict=True)])
+    legs = all(h.get("prefill_leg_s") is not None for h in handoff)
+    rest = np.array([float(h["ttft_s"]) - (float(h["prefill_leg_s"]) if legs else latency.prefill_time_s([int(n)]))
+                     - latency.decode_time_s([int(n)]) for h, n in zip(handoff, ls, strict=True)])
     rest = np.maximum(rest, 0.0)
     a = np.column_stack([np.ones_like(ls), ls])
     scale = np.abs(a).max(axis=0)
