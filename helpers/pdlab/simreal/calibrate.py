@@ -221,10 +221,9 @@ def fit_handoff(handoff: Sequence[Mapping[str, float]], latency: FittedLatency) 
 
     prefill(l) is the point's ``prefill_leg_s`` (the proxy's own clock around its POST to the
     prefill server) where every point has one, else the fitted ``latency.prefill_time_s``. The
-    leg, not the fit: a single prompt's leg through the proxy runs longer than the prefill
-    server's own TTFT that the prefill row is fitted on (the finished, non-streamed answer and
-    one more HTTP hop; 4–6 ms on the course's CPU pair, ``benchmarks/handoff_probe_vs_workload.py``),
-    and a hand-off that absorbed it came out 7–13 ms longer than the workload's own.
+    leg, not the fit: the proxy's clock splits the probe's TTFT where it splits every workload
+    request's (:func:`ttft_sides`), so whatever the prefill fit misses of a probe's leg (a slow
+    prefill probe, the extra HTTP hop, the finished non-streamed answer) stays out of the hand-off.
     Returns a :class:`~pdlab.simreal.records.LinkFit`: non-negative least squares on the
     residual times (a negative residual — the proxy path faster than the model says — is clipped
     to 0); ``mae_s`` is the fit's mean absolute error in seconds. (A relative error is not
