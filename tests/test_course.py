@@ -100,3 +100,21 @@ def test_a_solution_cell_without_an_id_gets_a_stable_one(tmp_path):
     first = json.loads(path.read_text())["cells"][1]["id"]
     assert not course.normalize_solution(path) and json.loads(path.read_text())["cells"][1]["id"] == first
     assert json.loads(path.read_text())["cells"][0]["id"] == "c0"
+
+
+def test_course_run_out_gives_each_run_its_own_folder(tmp_path, monkeypatch):
+    """``pdlab course run --out DIR`` hands DIR to run_course, so a second run does not overwrite the first's notebooks."""
+    from pdlab.cli import main
+
+    seen = {}
+
+    def fake_run_course(**kwargs):
+        seen.update(kwargs)
+        out = (kwargs["out_dir"] or tmp_path / "build") / "executed" / "labs" / "x.ipynb"
+        return [course.RunResult("x", "ok", 0.1, out, "", 0)]
+
+    monkeypatch.setattr(course, "run_course", fake_run_course)
+    assert main(["course", "run", "--only", "x", "--no-html", "--out", str(tmp_path / "run1")]) == 0
+    assert seen["out_dir"] == tmp_path / "run1" and seen["only"] == "x"
+    assert main(["course", "run", "--only", "x", "--no-html"]) == 0
+    assert seen["out_dir"] is None   # the default: build/

@@ -24,6 +24,8 @@ def register(sub: Subcommands) -> None:
     r.add_argument("--student", action="store_true", help="run the student copies instead of solutions")
     r.add_argument("--timeout", type=int, default=1800, help="per-cell timeout in seconds")
     r.add_argument("--no-html", action="store_true", help="skip the HTML export")
+    r.add_argument("--out", type=Path, help="folder for the executed notebooks and HTML (default build/); "
+                                            "give each run its own to keep earlier runs' notebooks")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_run)
 
@@ -60,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
     from pdlab.course import format_table, run_course
 
     results = run_course(profile=args.profile, only=args.only, student=args.student,
-                         timeout_s=args.timeout, html_export=not args.no_html)
+                         timeout_s=args.timeout, html_export=not args.no_html, out_dir=args.out)
     if not results:
         raise CLIError(f"no notebook matches {args.only!r}")
     payload = [{"notebook": r.notebook, "status": r.status, "seconds": round(r.seconds, 2),
