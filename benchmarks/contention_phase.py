@@ -1,20 +1,28 @@
-"""The pair's prefill contention with the decode role's streaming taken out (issue 26).
+"""What slows the pair's prefill while the decode role works (issue 26): which background, which phase.
 
-Lab 05's contention probe (:func:`pdlab.serve.probes.probe_contention`) times 1,024-token
-prefills alone and while 16 streams decode on the decode role. On the course's CPU pair those
-streams go through the decode API server and this client, both on the prefill core, so the
-probe's c_p mixes two things: the decode engine's pull on the shared cache and memory, and the
-streaming's CPU on the prefill core, which lab 05's run fit charges per request already. Which of the two a probe of three prefills catches depends on the phase it
-lands in (``benchmarks/contention_repeatability.py``); in six lab 05 runs on 2026-12-05 it drew
-c_p = 0.00–0.64 and the pair's held-out TTFT error changed sign with it.
+Lab 05's contention probe (:func:`pdlab.serve.probes.probe_contention`) timed 1,024-token
+prefills alone and while 16 streams decode on the decode role; which phase of that burst (the
+decode role's own prefill of the 16 prompts, or their streaming) its three prefills landed in
+decided c_p, 0.00–0.64 over six lab 05 runs on 2026-12-05, and the pair's held-out TTFT error
+changed sign with it. This starts the pair as lab 05 does and, in ``--rounds`` interleaved
+rounds, measures c_p = busy ÷ alone − 1 against several backgrounds on the decode role:
 
-This starts the pair as lab 05 does and, in ``--rounds`` interleaved rounds, measures c_p with
-the background streamed (the probe as it is) and with the same background not streamed
-(``"stream": false``: the decode API server answers once per request, so the engine decodes
-while the front ends idle), printing each c_p, the CPU seconds the front ends and this client
-used per second of each busy window, and the spread per mode.
+- ``streamed``: the old probe's burst of 16 streams (256-token prompts, 48 tokens), in a loop;
+- ``not streamed``: the same burst with ``"stream": false`` (the front ends answer once per request);
+- ``K long streams`` (``--long-streams K,...``): K streams sent 1 s before the prefills and
+  decoding ``--long-tokens`` each, so the prefills fall wholly in steady streaming; with
+  ``--via-proxy`` also sent through the proxy (prefilled on the prefill role, KV pulled, relayed);
+- ``K renewed streams`` (``--renewed``): K short streams at a time (16-token prompts, 64 tokens),
+  each replaced as it ends, to the decode server and through the proxy: streams that start and
+  end as a workload's do.
+
+With ``--leg`` the prefills are sent through the proxy and timed by its prefill leg
+(``X-Prefill-Seconds``), as lab 05 splits a workload request's TTFT. It prints each c_p, the CPU
+seconds the front ends and this client used per second of each busy window, and the spread per
+mode. Nothing else may run meanwhile: a test suite on the other core doubled single prefills.
 
     .venv/bin/python benchmarks/contention_phase.py [--rounds 6] [--repeats 3]
+    .venv/bin/python benchmarks/contention_phase.py --rounds 4 --long-streams 1,2 --via-proxy --renewed --leg
 
 Prints figures; not a test. Starts and stops its own servers (nothing is left running).
 """
@@ -22,6 +30,7 @@ Prints figures; not a test. Starts and stops its own servers (nothing is left ru
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import threading
@@ -32,12 +41,13 @@ import numpy as np
 from pdlab.hardware import machine_type
 from pdlab.serve import DeployPorts, disaggregated
 from pdlab.serve.bench import run_bench
-from pdlab.serve.cpucost import own_cpu_seconds
+from pdlab.serve.cpucost import own_cpu_seconds, thread_deltas, thread_times
 from pdlab.serve.modelbuild import tiny_model_dir
 from pdlab.workloads import Request
 
 SERVER_KW = dict(max_model_len=2048, max_num_seqs=128, max_num_batched_tokens=2048)   # lab 05's ci
 STREAMS, DECODE_PROMPT_WORDS, DECODE_TOKENS = 16, 256, 48   # the probe's background: 16 streams, 256-token prompts, 48 tokens
+RENEWALS = 8   # renewed streams: requests per stream in one client call (several seconds: a measurement never meets a call's start)
 
 
 def prefill_s(url: str, prompt_tokens: int, repeats: int, seed: int) -> float:
@@ -49,12 +59,88 @@ def prefill_s(url: str, prompt_tokens: int, repeats: int, seed: int) -> float:
     return float(np.median([r.ttft_s for r in recs]))
 
 
+def prefill_leg_s(proxy_url: str, prompt_tokens: int, repeats: int, seed: int) -> float:
+    """Median prefill leg (s, the course proxy's ``X-Prefill-Seconds``: its POST to the prefill
+    server until the answer) of ``repeats`` single ``prompt_tokens``-token prompts sent through the
+    proxy one at a time (``max_tokens=1``): what a workload request's prefill side sees."""
+    recs = run_bench(proxy_url, [Request(i, 0.0, prompt_tokens, 1) for i in range(repeats)], progress=False,
+                     seed=seed, max_concurrency=1).records
+    legs = [r.extra.get("prefill_leg_s") for r in recs if r.ok]
+    if len(legs) < len(recs) or any(leg is None for leg in legs):
+        raise RuntimeError(f"a prefill through {proxy_url} failed or carried no X-Prefill-Seconds")
+    return float(np.median(legs))
+
+
 def streamed_burst(url: str, seed: int) -> None:
     """``STREAMS`` streamed requests at once, as the contention probe's background (256-token prompts)."""
     recs = run_bench(url, [Request(j, 0.0, 256, DECODE_TOKENS) for j in range(STREAMS)], progress=False,
                      seed=seed).records
     if not all(r.ok for r in recs):
         raise RuntimeError(f"a streamed background request failed: {next(r.error for r in recs if not r.ok)}")
+
+
+class BusyWindow:
+    """Over a ``with`` block: the front ends' and this client's CPU (``cores``, of ``pids``) and every
+    thread's of the labelled process trees (``threads``, :func:`~pdlab.serve.cpucost.thread_deltas`)."""
+
+    def __init__(self, pids: list[int], roots: dict[str, int]):
+        self.pids, self.roots = pids, roots
+        self.cores, self.threads = 0.0, []
+
+    def __enter__(self) -> BusyWindow:
+        self.t0, self.cpu0, self.th0 = (time.perf_counter(), own_cpu_seconds(self.pids),
+                                        thread_times(self.roots, alone=["client"]))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        elapsed = time.perf_counter() - self.t0
+        self.cores = (own_cpu_seconds(self.pids) - self.cpu0) / elapsed
+        self.threads = thread_deltas(self.th0, thread_times(self.roots, alone=["client"]), elapsed)
+
+
+def long_streams(url: str, streams: int, tokens: int, seed: int) -> None:
+    """``streams`` streamed requests at once (256-token prompts) that decode ``tokens`` tokens each:
+    long enough that a measurement started after their prefill falls wholly in their streaming."""
+    recs = run_bench(url, [Request(j, 0.0, 256, tokens) for j in range(streams)], progress=False, seed=seed).records
+    if not all(r.ok for r in recs):
+        raise RuntimeError(f"a long stream failed: {next(r.error for r in recs if not r.ok)}")
+
+
+def renewed_streams(url: str, streams: int, seed: int) -> None:
+    """``streams`` streams to ``url`` (the proxy, or the decode server itself), each replaced by a new one as it ends (16-token
+    prompts, 64 tokens each, ``streams`` at a time): streams that start (a short prefill and a KV
+    pull) and end as a workload's do, with a prefill too short to queue a measured one for long."""
+    recs = run_bench(url, [Request(j, 0.0, 16, 64) for j in range(RENEWALS * streams)], progress=False, seed=seed,
+                     max_concurrency=streams).records
+    if not all(r.ok for r in recs):
+        raise RuntimeError(f"a renewed stream failed: {next(r.error for r in recs if not r.ok)}")
+
+
+def during_streams(url: str, streams: int, tokens: int, seed: int, measure, window: BusyWindow,
+                   settle_s: float = 1.0) -> float:
+    """``measure()`` started ``settle_s`` after ``streams`` long streams were sent (their prefill on
+    the decode role done, all of them decoding), inside ``window``; its result."""
+    errors: list[Exception] = []
+
+    def send() -> None:
+        try:
+            long_streams(url, streams, tokens, seed)
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    worker = threading.Thread(target=send, daemon=True)
+    worker.start()
+    try:
+        time.sleep(settle_s)
+        with window:
+            out = measure()
+    finally:
+        worker.join(timeout=300)
+    if errors:
+        raise RuntimeError(f"background load failed: {errors[0]}") from errors[0]
+    if worker.is_alive():
+        raise RuntimeError("the long streams did not finish in 300 s")
+    return out
 
 
 def unstreamed_burst(url: str, model: str, seed: int) -> None:
@@ -84,9 +170,8 @@ def unstreamed_burst(url: str, model: str, seed: int) -> None:
         raise RuntimeError(f"an unstreamed background request failed: {errors[0]}")
 
 
-def while_busy(background, measure, pids: list[int]) -> tuple[float, float]:
-    """``measure()`` while ``background(k)`` runs in a loop; (its result, the front ends' and this
-    client's CPU seconds per second of the window)."""
+def while_busy(background, measure, window: BusyWindow) -> float:
+    """``measure()`` inside ``window`` while ``background(k)`` runs in a loop; its result."""
     stop, errors = threading.Event(), []
 
     def loop() -> None:
@@ -103,15 +188,14 @@ def while_busy(background, measure, pids: list[int]) -> tuple[float, float]:
     worker.start()
     try:
         time.sleep(0.5)   # the background is under way, as in probe_contention
-        t0, cpu0 = time.perf_counter(), own_cpu_seconds(pids)
-        out = measure()
-        cores = (own_cpu_seconds(pids) - cpu0) / (time.perf_counter() - t0)
+        with window:
+            out = measure()
     finally:
         stop.set()
         worker.join(timeout=120)
     if errors:
         raise RuntimeError(f"background load failed: {errors[0]}") from errors[0]
-    return out, cores
+    return out
 
 
 def main() -> None:
@@ -119,31 +203,75 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="rounds of both modes, interleaved (default 6)")
     ap.add_argument("--repeats", type=int, default=3, help="prefills per measurement (default 3, lab 05's)")
     ap.add_argument("--prompt", type=int, default=1024, help="prefill prompt tokens (default 1024, lab 05's)")
+    ap.add_argument("--long-streams", default="",
+                    help="comma-separated stream counts: also measure while that many long streams all decode "
+                         "(sent 1 s before the prefills, --long-tokens each); e.g. 2,16")
+    ap.add_argument("--via-proxy", action="store_true",
+                    help="also send each count of long streams through the proxy (relayed, as the workload's)")
+    ap.add_argument("--renewed", action="store_true",
+                    help="also measure while each count of short-lived streams runs through the proxy, each one "
+                         "replaced as it ends (16-token prompts, 64 tokens: the workload's stream starts and ends)")
+    ap.add_argument("--leg", action="store_true",
+                    help="time the prefills as the proxy's prefill leg (sent through it) instead of TTFT at the prefill server")
+    ap.add_argument("--top-threads", type=int, default=8, help="threads to print per background (default 8)")
+    ap.add_argument("--long-tokens", type=int, default=200, help="tokens each long stream decodes (default 200)")
     args = ap.parse_args()
+    long_counts = [int(x) for x in args.long_streams.split(",") if x.strip()]
+    if any(k < 1 for k in long_counts):
+        ap.error("--long-streams: counts >= 1")
     if args.rounds < 2 or args.repeats < 1 or args.prompt < 1:
         ap.error("--rounds >= 2, --repeats >= 1 and --prompt >= 1")
     print(machine_type())
-    rows: dict[str, list[tuple[float, float]]] = {"streamed": [], "not streamed": []}
+    rows: dict[str, list[tuple[float, float]]] = {"streamed": [], "not streamed": [],
+                                                  **{f"{k} long streams": [] for k in long_counts},
+                                                  **{f"{k} long streams via the proxy": [] for k in long_counts
+                                                     if args.via_proxy},
+                                                  **{f"{k} renewed streams via the proxy": [] for k in long_counts
+                                                     if args.renewed},
+                                                  **{f"{k} renewed streams": [] for k in long_counts if args.renewed}}
     with disaggregated(tiny_model_dir(), ports=DeployPorts.free(), **SERVER_KW) as dep, dep.decode_cores_reserved():
         pre, dec, model = dep.prefill[0].url, dep.decode[0].url, dep.served_model()
         pids = dep.front_end_pids() + [os.getpid()]
+        roots = {"prefill server": dep.prefill[0].process.pid, "decode server": dep.decode[0].process.pid,
+                 "proxy": dep.proxy.pid, "client": os.getpid()}   # engines included; the client's own threads only
+        threads: dict[str, dict[tuple[str, str], float]] = {mode: {} for mode in rows}
         backgrounds = {"streamed": lambda k: streamed_burst(dec, seed=k),
                        "not streamed": lambda k: unstreamed_burst(dec, model, seed=k)}
         for r in range(args.rounds):
-            modes = list(backgrounds) if r % 2 == 0 else list(backgrounds)[::-1]
+            modes = list(rows) if r % 2 == 0 else list(rows)[::-1]
             for j, mode in enumerate(modes):
-                seed = 10_000 * (2 * r + j + 1)   # no prompt repeats: the prefix cache serves nothing
-                alone = prefill_s(pre, args.prompt, args.repeats, seed)
-                busy, cores = while_busy(lambda k, s=seed, b=backgrounds[mode]: b(s + 1000 + k),
-                                         lambda s=seed: prefill_s(pre, args.prompt, args.repeats, s + 1), pids)
-                c_p = max(0.0, busy / alone - 1)
+                seed = 10_000 * (len(rows) * r + j + 1)   # no prompt repeats: the prefix cache serves nothing
+                def timed(s: int) -> float:
+                    return (prefill_leg_s(dep.url, args.prompt, args.repeats, s) if args.leg
+                            else prefill_s(pre, args.prompt, args.repeats, s))
+
+                alone = timed(seed)
+                measure = functools.partial(timed, seed + 1)
+                window = BusyWindow(pids, roots)
+                count, target = int(mode.split()[0]) if mode[0].isdigit() else 0, dep.url if mode.endswith("proxy") else dec
+                if mode in backgrounds:
+                    busy = while_busy(lambda k, s=seed, b=backgrounds[mode]: b(s + 1000 + k), measure, window)
+                elif "renewed" in mode:
+                    busy = while_busy(lambda k, s=seed, n=count, u=target: renewed_streams(u, n, s + 1000 + k),
+                                      measure, window)
+                else:
+                    busy = during_streams(target, count, args.long_tokens, seed + 1000, measure, window)
+                c_p, cores = max(0.0, busy / alone - 1), window.cores
                 rows[mode].append((c_p, cores))
+                for t in window.threads:
+                    key = (t.label, t.name)
+                    threads[mode][key] = threads[mode].get(key, 0.0) + t.cores / args.rounds
                 print(f"round {r + 1}, background {mode}: prefill {alone * 1e3:.1f} ms alone, {busy * 1e3:.1f} ms busy, "
                       f"c_p {c_p:.3f}; front ends + client {cores:.2f} cores", flush=True)
     for mode, vals in rows.items():
         cp = np.array([v[0] for v in vals])
-        print(f"{mode:13s}: c_p median {np.median(cp):.3f}, range {cp.min():.3f}-{cp.max():.3f}, sd {cp.std(ddof=1):.3f} "
+        print(f"{mode:29s}: c_p median {np.median(cp):.3f}, range {cp.min():.3f}-{cp.max():.3f}, sd {cp.std(ddof=1):.3f} "
               f"over {len(cp)}; front ends + client {np.median([v[1] for v in vals]):.2f} cores (median)")
+    print(f"threads by CPU while the prefills were timed (cores, mean over rounds; threads of one name summed), "
+          f"top {args.top_threads} per background:")
+    for mode, by_thread in threads.items():
+        top = sorted(by_thread.items(), key=lambda kv: -kv[1])[:args.top_threads]
+        print(f"  {mode}: " + ", ".join(f"{label}/{name} {cores:.2f}" for (label, name), cores in top))
 
 
 if __name__ == "__main__":

@@ -231,3 +231,74 @@ def test_admission_probe_streams_outlast_the_side_traffic_when_the_first_run_ove
     assert max(t for u, _, t in calls if u == "decode") == 1024 - 256 - 8
     assert adm.side_requests == 3, "a short context: fewer side requests, inside the streams' span"
     assert [n for u, n, _ in calls if u == "proxy"] == [3]
+
+
+class _PairWithProxy:
+    """A CPU pair behind the course proxy, for probe_contention: a prefill's leg (``X-Prefill-Seconds``)
+    takes ``leg_s`` alone and 1.3 × as long while background streams run through the proxy; decode
+    streams step every 10 ms alone and every 12 ms while prompts are prefilled at the prefill server."""
+
+    def __init__(self, leg_s: float = 0.1):
+        import threading
+
+        self.leg_s, self.calls, self.lock = leg_s, [], threading.Lock()
+        self.streaming = self.prefilling = 0
+
+    def __call__(self, url, requests, *, seed, max_concurrency=None, **kwargs):
+        import time
+
+        with self.lock:
+            self.calls.append((url, [(r.prompt_tokens, r.output_tokens) for r in requests], max_concurrency))
+        if url == "http://proxy" and requests[0].output_tokens > 1:   # renewed streams: busy for a while
+            self.streaming += 1
+            time.sleep(0.05)
+            self.streaming -= 1
+            return [_stream(r.request_id, r.prompt_tokens, 0.01, 0.01, r.output_tokens) for r in requests]
+        if requests[0].output_tokens == 1:                             # prefills, through the proxy or not
+            self.prefilling += url == "http://p"
+            leg = self.leg_s * (1.3 if self.streaming else 1.0)
+            out = []
+            for r in requests:
+                rec = RequestRecord(r.request_id, 0.0, r.prompt_tokens, 1, first_token_s=leg + 0.02, finish_s=leg + 0.02,
+                                    token_times_s=[leg + 0.02], server_prompt_tokens=r.prompt_tokens + 1)
+                if url == "http://proxy":
+                    rec.extra["prefill_leg_s"] = leg
+                out.append(rec)
+            time.sleep(0.01)
+            self.prefilling -= url == "http://p"
+            return out
+        step = 0.012 if self.prefilling else 0.010                      # decode streams at the decode server
+        return [_stream(r.request_id, r.prompt_tokens, 0.1, step, r.output_tokens) for r in requests]
+
+
+def test_contention_through_the_proxy_times_legs_while_streams_start_and_end(monkeypatch):
+    pair = _PairWithProxy()
+    monkeypatch.setattr(probes, "_bench", pair)
+    c = probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", repeats=3)
+    assert c.prefill_alone_s == pytest.approx(0.1) and c.prefill_busy_s == pytest.approx(0.13)
+    assert c.prefill == pytest.approx(0.3) and c.prefill_background == "1 renewed stream through the proxy"
+    renewed = [call for call in pair.calls if call[0] == "http://proxy" and call[1][0][1] > 1]
+    assert renewed and all(call[1] == [(16, 64)] * 8 and call[2] == 1 for call in renewed)
+    assert c.decode_streams == 16 and c.decode_alone_s == pytest.approx(0.010)
+    # without the proxy: TTFT at the prefill server while 16 streams decode, as before
+    pair.calls.clear()
+    plain = probes.probe_contention("http://p", "http://d", repeats=3)
+    assert plain.prefill_background == "16 streams decoding" and plain.prefill == 0.0
+    assert not any(call[0] == "http://proxy" for call in pair.calls)
+    assert Contention.from_dict(c.to_dict()) == c and Contention.from_dict({"prefill": 0.2}).prefill_background == ""
+
+
+def test_contention_through_a_proxy_without_the_leg_header_is_a_clear_error(monkeypatch):
+    pair = _PairWithProxy()
+
+    def no_header(url, requests, **kw):
+        recs = pair(url, requests, **kw)
+        for r in recs:
+            r.extra.pop("prefill_leg_s", None)
+        return recs
+
+    monkeypatch.setattr(probes, "_bench", no_header)
+    with pytest.raises(RuntimeError, match="X-Prefill-Seconds"):
+        probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", repeats=1)
+    with pytest.raises(ValueError, match="renewed_streams"):
+        probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", renewed_streams=0)

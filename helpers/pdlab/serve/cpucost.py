@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import psutil
 
 __all__ = ["CPUMeter", "CPUSampler", "ProcessCPU", "ThreadCPU", "tree_processes", "tree_cpu_seconds", "own_cpu_seconds",
-           "machine_cpu_seconds", "measure_cpu", "busiest_threads", "format_cpu", "nixl_agent_idle_cpu"]
+           "machine_cpu_seconds", "measure_cpu", "busiest_threads", "thread_times", "thread_deltas", "format_cpu",
+           "nixl_agent_idle_cpu"]
 
 
 @dataclass(frozen=True)
@@ -187,9 +188,16 @@ def _name(pid: int) -> str:
         return "?"
 
 
-def _thread_times(pid: int) -> dict[int, tuple[str, float]]:
+def _thread_times(pid: int, tree: bool = True) -> dict[int, tuple[str, float]]:
     out: dict[int, tuple[str, float]] = {}
-    for proc in tree_processes(pid):
+    if tree:
+        procs = tree_processes(pid)
+    else:
+        try:
+            procs = [psutil.Process(pid)]
+        except psutil.NoSuchProcess:
+            procs = []
+    for proc in procs:
         try:
             threads = proc.threads()
         except psutil.NoSuchProcess:
@@ -204,16 +212,30 @@ def _thread_times(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
+def thread_times(roots: Mapping[str, int], *, alone: Iterable[str] = ()) -> dict[str, dict[int, tuple[str, float]]]:
+    """Per label of ``roots``: each thread of the process tree, ``{tid: (name, CPU seconds so far)}``
+    (Linux); for the labels in ``alone``, of the root process only (a client that started the servers
+    would otherwise count their threads too)."""
+    alone = set(alone)
+    return {label: _thread_times(pid, tree=label not in alone) for label, pid in roots.items()}
+
+
+def thread_deltas(before: Mapping[str, Mapping[int, tuple[str, float]]],
+                  after: Mapping[str, Mapping[int, tuple[str, float]]], elapsed_s: float) -> list[ThreadCPU]:
+    """Every thread's CPU between two :func:`thread_times` snapshots ``elapsed_s`` apart, busiest first
+    (a thread born in between counts from 0)."""
+    rows = [ThreadCPU(label, tid, name, (cpu - before.get(label, {}).get(tid, (name, 0.0))[1]) / elapsed_s)
+            for label, threads in after.items() for tid, (name, cpu) in threads.items()]
+    return sorted(rows, key=lambda r: -r.cores)
+
+
 def busiest_threads(roots: Mapping[str, int], window_s: float = 3.0, top: int = 5) -> list[ThreadCPU]:
     """The ``top`` threads by CPU over the next ``window_s`` seconds, across all trees (Linux)."""
-    before = {label: _thread_times(pid) for label, pid in roots.items()}
+    before = thread_times(roots)
     t0 = time.monotonic()
     time.sleep(window_s)
-    after = {label: _thread_times(pid) for label, pid in roots.items()}
-    elapsed = time.monotonic() - t0
-    rows = [ThreadCPU(label, tid, name, (cpu - before[label].get(tid, (name, 0.0))[1]) / elapsed)
-            for label, threads in after.items() for tid, (name, cpu) in threads.items()]
-    return sorted(rows, key=lambda r: -r.cores)[:top]
+    after = thread_times(roots)
+    return thread_deltas(before, after, time.monotonic() - t0)[:top]
 
 
 def format_cpu(rows: list[ProcessCPU], title: str = "CPU") -> str:

@@ -239,7 +239,7 @@ def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, s
 
 def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 1024, repeats: int = 3,
                      decode_streams: int = 16, decode_prompt: int = 256, decode_tokens: int = 48, seed: int = 0,
-                     **bench_kwargs: Any) -> Contention:
+                     proxy_url: str | None = None, renewed_streams: int = 1, **bench_kwargs: Any) -> Contention:
     """How much each role slows down while the other one works (two servers on one host).
 
     Prefill: the median TTFT of ``repeats`` single ``prompt_tokens``-token prompts, alone and
@@ -251,13 +251,32 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
     ``1 + cpu_contention`` times as long while the other instance is busy). Measured, not fitted:
     on the course's 2-core CPU the roles are pinned to a core each but share the last-level
     cache, memory bandwidth and the cores' other processes (API servers, proxy, client).
+
+    With ``proxy_url`` (the pair's proxy) the prefill side is measured as a workload meets it: the
+    proxy's prefill legs (``X-Prefill-Seconds``) of the same prompts sent through it, alone and
+    while ``renewed_streams`` short streams at a time (16-token prompts, 64 tokens) go through the
+    proxy, each replaced as it ends. On the course's CPU pair (AMD EPYC type) the steady decoding of
+    one stream barely slows a prefill (c_p 0.00–0.07, medians of 3–5 rounds), streams that start
+    and end do (0.21–0.33 by run, sd 0.02–0.05 within one), and the old background of 16 streams
+    at once landed in either of its phases (0.03–0.85): ``benchmarks/contention_phase.py``.
     """
     import threading
 
     def prefills(tag: int) -> float:
         reqs = [Request(i, 0.0, int(prompt_tokens), 1) for i in range(repeats)]
-        recs = _bench(prefill_url, reqs, seed=seed + tag, max_concurrency=1, **bench_kwargs)
-        return float(np.median([r.ttft_s for r in recs]))
+        recs = _bench(proxy_url or prefill_url, reqs, seed=seed + tag, max_concurrency=1, **bench_kwargs)
+        if proxy_url is None:
+            return float(np.median([r.ttft_s for r in recs]))
+        legs = [r.extra.get("prefill_leg_s") for r in recs]
+        if any(leg is None for leg in legs):
+            raise RuntimeError(f"contention probe: {proxy_url} answered without X-Prefill-Seconds; "
+                               "probe without proxy_url, or through the course proxy")
+        return float(np.median(legs))
+
+    def renewed(tag: int) -> None:
+        # 8 per stream: one client call lasts seconds, so the timed prefills never meet a call's start
+        reqs = [Request(j, 0.0, 16, 64) for j in range(8 * int(renewed_streams))]
+        _bench(proxy_url, reqs, seed=seed + tag, max_concurrency=int(renewed_streams), **bench_kwargs)
 
     def decodes(tag: int) -> float:
         gaps, _ = _decoding_together(decode_url, decode_streams, decode_prompt, decode_tokens, seed=seed + tag,
@@ -290,15 +309,21 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
             if errors:
                 raise RuntimeError(f"contention probe: background load failed: {errors[0]}") from errors[0]
 
+    if proxy_url is not None and renewed_streams < 1:
+        raise ValueError(f"renewed_streams must be >= 1, got {renewed_streams}")
     prefill_alone = prefills(1)
-    prefill_busy = while_busy(decodes, prefills)
+    prefill_busy = while_busy(renewed if proxy_url else decodes, prefills)
     decode_alone = decodes(2)
-    decode_busy = while_busy(prefills, decodes)
+    decode_busy = while_busy(lambda tag: _bench(prefill_url, [Request(i, 0.0, int(prompt_tokens), 1)
+                                                              for i in range(repeats)], seed=seed + tag,
+                                                max_concurrency=1, **bench_kwargs), decodes)
+    background = (f"{renewed_streams} renewed stream{'s' if renewed_streams > 1 else ''} through the proxy"
+                  if proxy_url else f"{decode_streams} streams decoding")
     return Contention(prompt_tokens=int(prompt_tokens), decode_streams=int(decode_streams),
                       prefill_alone_s=prefill_alone, prefill_busy_s=prefill_busy,
                       decode_alone_s=decode_alone, decode_busy_s=decode_busy,
                       prefill=contention_factor(prefill_alone, prefill_busy),
-                      decode=contention_factor(decode_alone, decode_busy))
+                      decode=contention_factor(decode_alone, decode_busy), prefill_background=background)
 
 
 def _stream_tokens(need_s: float, step_s: float, most: int | None) -> int:
@@ -424,7 +449,7 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     contention = admission = None
     if decode_url and decode_url != url:
         contention = probe_contention(url, decode_url, prompt_tokens=plan.contention_prompt,
-                                      repeats=plan.repeats, seed=seed + 3, **bench_kwargs)
+                                      repeats=plan.repeats, seed=seed + 3, proxy_url=proxy_url, **bench_kwargs)
         if proxy_url:
             admission = probe_admission(proxy_url, decode_url, seed=seed + 4, **bench_kwargs)
     passes = [first]

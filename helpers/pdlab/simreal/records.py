@@ -32,7 +32,7 @@ def _read(cls: type, data: Mapping[str, Any], defaults: Mapping[str, Any]) -> An
     kwargs = {}
     for f in fields(cls):
         if f.name in data and data[f.name] is not None:
-            kind = int if f.type == "int" else float
+            kind = {"int": int, "str": str}.get(f.type, float)
             kwargs[f.name] = kind(data[f.name])
         elif f.name in defaults:
             kwargs[f.name] = defaults[f.name]
@@ -173,6 +173,8 @@ class Contention(_ProfileEntry):
     ``prompt_tokens``: prompt length of the prefill probe (tokens).
     ``decode_streams``: concurrent streams of the decode probe (count).
     ``prefill_alone_s`` / ``prefill_busy_s``: median TTFT of one prompt alone / while decode streams run (s).
+    ``prefill_background``: what ran on the decode role meanwhile (``"16 streams decoding"``, or with
+    a proxy ``"1 renewed stream through the proxy"``: the times are then the proxy's prefill legs).
     ``decode_alone_s`` / ``decode_busy_s``: mean decode step alone / while prompts are prefilled (s).
     ``prefill`` / ``decode``: max(0, busy/alone − 1) of each role (dimensionless): the simulator's
     ``InstanceSpec.cpu_contention`` (an iteration takes ``1 + c`` times as long while the other works).
@@ -183,7 +185,7 @@ class Contention(_ProfileEntry):
 
     _MISSING: ClassVar[Mapping[str, Any]] = {"prompt_tokens": 0, "decode_streams": 0, "prefill_alone_s": _NAN,
                                              "prefill_busy_s": _NAN, "decode_alone_s": _NAN, "decode_busy_s": _NAN,
-                                             "prefill": 0.0, "decode": 0.0}
+                                             "prefill": 0.0, "decode": 0.0, "prefill_background": ""}
 
     prompt_tokens: int
     decode_streams: int
@@ -193,6 +195,7 @@ class Contention(_ProfileEntry):
     decode_busy_s: float
     prefill: float
     decode: float
+    prefill_background: str = ""
 
 
 @dataclass(frozen=True)
