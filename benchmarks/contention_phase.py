@@ -43,6 +43,7 @@ from pdlab.serve import DeployPorts, disaggregated
 from pdlab.serve.bench import run_bench
 from pdlab.serve.cpucost import own_cpu_seconds, thread_deltas, thread_times
 from pdlab.serve.modelbuild import tiny_model_dir
+from pdlab.serve.probes import while_running
 from pdlab.workloads import Request
 
 SERVER_KW = dict(max_model_len=2048, max_num_seqs=128, max_num_batched_tokens=2048)   # lab 05's ci
@@ -171,31 +172,13 @@ def unstreamed_burst(url: str, model: str, seed: int) -> None:
 
 
 def while_busy(background, measure, window: BusyWindow) -> float:
-    """``measure()`` inside ``window`` while ``background(k)`` runs in a loop; its result."""
-    stop, errors = threading.Event(), []
+    """``measure()`` inside ``window`` while ``background(k)`` runs in a loop (:func:`~pdlab.serve.probes.while_running`)."""
 
-    def loop() -> None:
-        k = 0
-        while not stop.is_set():
-            try:
-                background(k)
-            except Exception as exc:  # noqa: BLE001 - re-raised below
-                errors.append(exc)
-                return
-            k += 1
-
-    worker = threading.Thread(target=loop, daemon=True)
-    worker.start()
-    try:
-        time.sleep(0.5)   # the background is under way, as in probe_contention
+    def timed() -> float:
         with window:
-            out = measure()
-    finally:
-        stop.set()
-        worker.join(timeout=120)
-    if errors:
-        raise RuntimeError(f"background load failed: {errors[0]}") from errors[0]
-    return out
+            return measure()
+
+    return while_running(background, timed, first_tag=0, label="contention_phase")
 
 
 def main() -> None:

@@ -302,3 +302,27 @@ def test_contention_through_a_proxy_without_the_leg_header_is_a_clear_error(monk
         probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", repeats=1)
     with pytest.raises(ValueError, match="renewed_streams"):
         probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", renewed_streams=0)
+
+
+def test_while_running_measures_during_the_background_and_names_its_failure():
+    import threading
+
+    seen, running = [], threading.Event()
+
+    def background(tag):
+        seen.append(tag)
+        running.set()
+
+    assert probes.while_running(background, lambda: running.is_set(), settle_s=0.05, first_tag=7) is True
+    count = len(seen)
+    assert seen[:2] == [7, 8]
+    import time
+
+    time.sleep(0.05)
+    assert len(seen) == count   # the loop ended with the measurement
+
+    def broken(tag):
+        raise OSError("connection refused")
+
+    with pytest.raises(RuntimeError, match="contention probe: background load failed: connection refused"):
+        probes.while_running(broken, lambda: 1.0, settle_s=0.01, label="contention probe")

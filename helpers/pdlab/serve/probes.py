@@ -13,9 +13,9 @@ prompts (no prefix-cache hits) and the server's own token counts. :func:`calibra
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -31,8 +31,10 @@ from pdlab.simreal.calibrate import (
 from pdlab.simreal.records import Admission, Calibration, Contention, StepPoint
 from pdlab.workloads import Request
 
+T = TypeVar("T")
+
 __all__ = ["ProbePlan", "PROBE_PLANS", "probe_prefill", "probe_decode", "decode_window", "probe_handoff",
-           "probe_contention", "probe_admission", "calibrate", "server_context_tokens",
+           "probe_contention", "while_running", "probe_admission", "calibrate", "server_context_tokens",
            "server_kv_capacity_tokens"]
 
 # ---------------------------------------------------------------------------------------------
@@ -237,6 +239,38 @@ def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, s
     return rows
 
 
+def while_running(background: Callable[[int], Any], measure: Callable[[], T], *, settle_s: float = 0.5,
+                  first_tag: int = 100, join_timeout_s: float = 120.0, label: str = "measurement") -> T:
+    """``measure()``, started ``settle_s`` after ``background(tag)`` began running in a loop on a thread
+    (``tag`` = ``first_tag``, ``first_tag`` + 1, …: a seed offset per round, so no prompt repeats). The
+    loop ends after the round under way when ``measure`` returns; an exception in the background is
+    raised here (RuntimeError naming ``label`` and it), after the thread ended."""
+    import threading
+
+    stop, errors = threading.Event(), []
+
+    def loop() -> None:
+        k = first_tag
+        while not stop.is_set():
+            try:
+                background(k)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the thread ends
+                errors.append(exc)
+                return
+            k += 1
+
+    worker = threading.Thread(target=loop, daemon=True)
+    worker.start()
+    try:
+        time.sleep(settle_s)   # the background work is under way
+        return measure()
+    finally:
+        stop.set()
+        worker.join(timeout=join_timeout_s)
+        if errors:
+            raise RuntimeError(f"{label}: background load failed: {errors[0]}") from errors[0]
+
+
 def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 1024, repeats: int = 3,
                      decode_streams: int = 16, decode_prompt: int = 256, decode_tokens: int = 48, seed: int = 0,
                      proxy_url: str | None = None, renewed_streams: int = 1, **bench_kwargs: Any) -> Contention:
@@ -260,8 +294,6 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
     and end do (0.21–0.33 by run, sd 0.02–0.05 within one), and the old background of 16 streams
     at once landed in either of its phases (0.03–0.85): ``benchmarks/contention_phase.py``.
     """
-    import threading
-
     def prefills(tag: int) -> float:
         reqs = [Request(i, 0.0, int(prompt_tokens), 1) for i in range(repeats)]
         recs = _bench(proxy_url or prefill_url, reqs, seed=seed + tag, max_concurrency=1, **bench_kwargs)
@@ -285,38 +317,15 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
             raise RuntimeError("contention probe: the decode streams never decoded together; raise decode_tokens")
         return float(np.mean(gaps))
 
-    def while_busy(background, measure) -> float:
-        stop, errors = threading.Event(), []
-
-        def loop() -> None:
-            k = 0
-            while not stop.is_set():
-                try:
-                    background(100 + k)
-                except Exception as exc:  # noqa: BLE001 - re-raised below, after the thread ends
-                    errors.append(exc)
-                    return
-                k += 1
-
-        worker = threading.Thread(target=loop, daemon=True)
-        worker.start()
-        try:
-            time.sleep(0.5)   # the background work is under way
-            return measure(50)
-        finally:
-            stop.set()
-            worker.join(timeout=120)
-            if errors:
-                raise RuntimeError(f"contention probe: background load failed: {errors[0]}") from errors[0]
-
     if proxy_url is not None and renewed_streams < 1:
         raise ValueError(f"renewed_streams must be >= 1, got {renewed_streams}")
     prefill_alone = prefills(1)
-    prefill_busy = while_busy(renewed if proxy_url else decodes, prefills)
+    prefill_busy = while_running(renewed if proxy_url else decodes, lambda: prefills(50), label="contention probe")
     decode_alone = decodes(2)
-    decode_busy = while_busy(lambda tag: _bench(prefill_url, [Request(i, 0.0, int(prompt_tokens), 1)
-                                                              for i in range(repeats)], seed=seed + tag,
-                                                max_concurrency=1, **bench_kwargs), decodes)
+    decode_busy = while_running(lambda tag: _bench(prefill_url, [Request(i, 0.0, int(prompt_tokens), 1)
+                                                                 for i in range(repeats)], seed=seed + tag,
+                                                   max_concurrency=1, **bench_kwargs), lambda: decodes(50),
+                                label="contention probe")
     background = (f"{renewed_streams} renewed stream{'s' if renewed_streams > 1 else ''} through the proxy"
                   if proxy_url else f"{decode_streams} streams decoding")
     return Contention(prompt_tokens=int(prompt_tokens), decode_streams=int(decode_streams),
