@@ -14,7 +14,8 @@ rounds, measures c_p = busy ÷ alone − 1 against several backgrounds on the de
   ``--via-proxy`` also sent through the proxy (prefilled on the prefill role, KV pulled, relayed);
 - ``K renewed streams`` (``--renewed``): K short streams at a time (16-token prompts, 64 tokens),
   each replaced as it ends, to the decode server and through the proxy: streams that start and
-  end as a workload's do.
+  end as a workload's do; ``--renewed-tokens 1,256`` also sends them straight to the decode
+  server with other output lengths (1: starts and ends without decoding, 256: fewer starts).
 
 With ``--leg`` the prefills are sent through the proxy and timed by its prefill leg
 (``X-Prefill-Seconds``), as lab 05 splits a workload request's TTFT. It prints each c_p, the CPU
@@ -23,6 +24,8 @@ mode. Nothing else may run meanwhile: a test suite on the other core doubled sin
 
     .venv/bin/python benchmarks/contention_phase.py [--rounds 6] [--repeats 3]
     .venv/bin/python benchmarks/contention_phase.py --rounds 4 --long-streams 1,2 --via-proxy --renewed --leg
+    .venv/bin/python benchmarks/contention_phase.py --rounds 3 --long-streams 1 --long-tokens 400 \
+        --renewed-tokens 64,256 --leg --settle 2.5      # a stream's age: --settle 0.5 against 2.5
 
 Prints figures; not a test. Starts and stops its own servers (nothing is left running).
 """
@@ -107,12 +110,15 @@ def long_streams(url: str, streams: int, tokens: int, seed: int) -> None:
         raise RuntimeError(f"a long stream failed: {next(r.error for r in recs if not r.ok)}")
 
 
-def renewed_streams(url: str, streams: int, seed: int) -> None:
-    """``streams`` streams to ``url`` (the proxy, or the decode server itself), each replaced by a new one as it ends (16-token
-    prompts, 64 tokens each, ``streams`` at a time): streams that start (a short prefill and a KV
-    pull) and end as a workload's do, with a prefill too short to queue a measured one for long."""
-    recs = run_bench(url, [Request(j, 0.0, 16, 64) for j in range(RENEWALS * streams)], progress=False, seed=seed,
-                     max_concurrency=streams).records
+def renewed_streams(url: str, streams: int, seed: int, tokens: int = 64) -> None:
+    """``streams`` streams to ``url`` (the proxy, or the decode server itself), each replaced by a
+    new one as it ends (16-token prompts, ``tokens`` tokens each, ``streams`` at a time): streams
+    that start (a short prefill and a KV pull) and end as a workload's do, with a prefill too
+    short to queue a measured one for long. One client call sends enough of them to last seconds
+    (``RENEWALS`` per stream at 64 tokens, more of shorter ones), so no measurement meets a call's start."""
+    per_stream = max(2, min(200, RENEWALS * 64 // max(tokens, 1)))
+    recs = run_bench(url, [Request(j, 0.0, 16, tokens) for j in range(per_stream * streams)], progress=False,
+                     seed=seed, max_concurrency=streams).records
     if not all(r.ok for r in recs):
         raise RuntimeError(f"a renewed stream failed: {next(r.error for r in recs if not r.ok)}")
 
@@ -171,14 +177,15 @@ def unstreamed_burst(url: str, model: str, seed: int) -> None:
         raise RuntimeError(f"an unstreamed background request failed: {errors[0]}")
 
 
-def while_busy(background, measure, window: BusyWindow) -> float:
-    """``measure()`` inside ``window`` while ``background(k)`` runs in a loop (:func:`~pdlab.serve.probes.while_running`)."""
+def while_busy(background, measure, window: BusyWindow, settle_s: float = 0.5) -> float:
+    """``measure()`` inside ``window``, ``settle_s`` after ``background(k)`` began running in a loop
+    (:func:`~pdlab.serve.probes.while_running`)."""
 
     def timed() -> float:
         with window:
             return measure()
 
-    return while_running(background, timed, first_tag=0, label="contention_phase")
+    return while_running(background, timed, settle_s=settle_s, first_tag=0, label="contention_phase")
 
 
 def main() -> None:
@@ -194,12 +201,25 @@ def main() -> None:
     ap.add_argument("--renewed", action="store_true",
                     help="also measure while each count of short-lived streams runs through the proxy, each one "
                          "replaced as it ends (16-token prompts, 64 tokens: the workload's stream starts and ends)")
+    ap.add_argument("--renewed-tokens", default="",
+                    help="comma-separated output lengths: also K renewed streams straight to the decode server with "
+                         "these many tokens each (1: requests that start and end without decoding; 256: a quarter "
+                         "of the starts per second)")
+    ap.add_argument("--settle", type=float, default=None,
+                    help="seconds from the background's first send to the timed prefills (default: 0.5 for the "
+                         "looping backgrounds, as the probe; 1.0 for the long streams)")
     ap.add_argument("--leg", action="store_true",
                     help="time the prefills as the proxy's prefill leg (sent through it) instead of TTFT at the prefill server")
     ap.add_argument("--top-threads", type=int, default=8, help="threads to print per background (default 8)")
     ap.add_argument("--long-tokens", type=int, default=200, help="tokens each long stream decodes (default 200)")
     args = ap.parse_args()
     long_counts = [int(x) for x in args.long_streams.split(",") if x.strip()]
+    renewed_tokens = [int(x) for x in args.renewed_tokens.split(",") if x.strip()]
+    settle = {} if args.settle is None else {"settle_s": args.settle}
+    if args.settle is not None and not args.settle >= 0:
+        ap.error("--settle: seconds >= 0")
+    if any(n < 1 for n in renewed_tokens):
+        ap.error("--renewed-tokens: lengths >= 1")
     if any(k < 1 for k in long_counts):
         ap.error("--long-streams: counts >= 1")
     if args.rounds < 2 or args.repeats < 1 or args.prompt < 1:
@@ -211,7 +231,9 @@ def main() -> None:
                                                      if args.via_proxy},
                                                   **{f"{k} renewed streams via the proxy": [] for k in long_counts
                                                      if args.renewed},
-                                                  **{f"{k} renewed streams": [] for k in long_counts if args.renewed}}
+                                                  **{f"{k} renewed streams": [] for k in long_counts if args.renewed},
+                                                  **{f"{k} renewed streams, {n} tokens": [] for k in long_counts
+                                                     for n in renewed_tokens}}
     with disaggregated(tiny_model_dir(), ports=DeployPorts.free(), **SERVER_KW) as dep, dep.decode_cores_reserved():
         pre, dec, model = dep.prefill[0].url, dep.decode[0].url, dep.served_model()
         pids = dep.front_end_pids() + [os.getpid()]
@@ -233,12 +255,14 @@ def main() -> None:
                 window = BusyWindow(pids, roots)
                 count, target = int(mode.split()[0]) if mode[0].isdigit() else 0, dep.url if mode.endswith("proxy") else dec
                 if mode in backgrounds:
-                    busy = while_busy(lambda k, s=seed, b=backgrounds[mode]: b(s + 1000 + k), measure, window)
+                    busy = while_busy(lambda k, s=seed, b=backgrounds[mode]: b(s + 1000 + k), measure, window,
+                                      **settle)
                 elif "renewed" in mode:
-                    busy = while_busy(lambda k, s=seed, n=count, u=target: renewed_streams(u, n, s + 1000 + k),
-                                      measure, window)
+                    tokens = int(mode.split(", ")[1].split()[0]) if ", " in mode else 64
+                    busy = while_busy(lambda k, s=seed, n=count, u=target, t=tokens: renewed_streams(u, n, s + 1000 + k, t),
+                                      measure, window, **settle)
                 else:
-                    busy = during_streams(target, count, args.long_tokens, seed + 1000, measure, window)
+                    busy = during_streams(target, count, args.long_tokens, seed + 1000, measure, window, **settle)
                 c_p, cores = max(0.0, busy / alone - 1), window.cores
                 rows[mode].append((c_p, cores))
                 for t in window.threads:

@@ -289,10 +289,11 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
     With ``proxy_url`` (the pair's proxy) the prefill side is measured as a workload meets it: the
     proxy's prefill legs (``X-Prefill-Seconds``) of the same prompts sent through it, alone and
     while ``renewed_streams`` short streams at a time (16-token prompts, 64 tokens) go through the
-    proxy, each replaced as it ends. On the course's CPU pair (AMD EPYC type) the steady decoding of
-    one stream barely slows a prefill (c_p 0.00–0.07, medians of 3–5 rounds), streams that start
-    and end do (0.21–0.33 by run, sd 0.02–0.05 within one), and the old background of 16 streams
-    at once landed in either of its phases (0.03–0.85): ``benchmarks/contention_phase.py``.
+    proxy, each replaced as it ends. On the course's CPU pair (AMD EPYC type) a stream slows a
+    prefill in its first second or two (c_p 0.21 half a second after it was sent, 0.00 after 2.5 s),
+    so streams that keep starting, as a workload's do, slow it steadily (0.21–0.33 by run), and the
+    old background of 16 streams at once landed in either of its phases (0.03–0.85):
+    ``benchmarks/contention_phase.py``.
     """
     def prefills(tag: int) -> float:
         reqs = [Request(i, 0.0, int(prompt_tokens), 1) for i in range(repeats)]
