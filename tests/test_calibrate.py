@@ -943,10 +943,12 @@ def test_every_public_function_of_calibrate_is_exported():
 def test_fit_on_run_chains_the_run_refits_of_each_set_up():
     """Lab 05's run fit: colocated, the decode row scaled to the run and the front-end delay; a
     pair, also the decode role's contention, the prefill core's co-runners when their samples are
-    given, and the hand-off with the prefill contention uncapped, both the probe's (an infinite
-    prior) unless told otherwise; the prefill row stays the probe's."""
+    given, the hand-off with the prefill contention uncapped, both the probe's (an infinite
+    prior) unless told otherwise, and the decode row's level matched to the run's median TPOT;
+    the prefill row stays the probe's."""
     from pdlab.simreal.calibrate import (
         fit_on_run,
+        match_decode_to_tpot_on_run,
         refit_decode_contention_on_run,
         refit_front_end_on_run,
         refit_handoff_on_run,
@@ -976,6 +978,8 @@ def test_fit_on_run_chains_the_run_refits_of_each_set_up():
                 else:
                     assert fit.meta["cpu_contention"]["prefill"] > probe_c_p   # uncapped
                 assert fit.meta["fit"]["handoff"]["prior_requests"] == prior
+                step = match_decode_to_tpot_on_run(step, live, mode)
+                assert "decode_tpot_match" in fit.meta["fit"]
             step = refit_front_end_on_run(step, live, mode)
             assert fit.prefill == probe.prefill and fit.decode == pytest.approx(step.decode)
             assert fit.meta["front_end_s"] == pytest.approx(step.meta["front_end_s"])
@@ -1025,3 +1029,87 @@ def test_load_saved_run_reads_what_lab_05_writes_for_offline_refits(tmp_path):
     assert run.cpu_samples(8.8) == [[[0.0, 1.0]], [[1.0, 2.0]]]
     with pytest.raises(ValueError, match="no colocated_<rate>rps_records.jsonl"):
         load_saved_run(tmp_path, "colocated")
+
+
+def test_prefill_stall_fit_keeps_the_fixed_part_within_the_lone_ttfts_and_the_profile_keeps_it():
+    """Stalls of κ + b_p·P + c_p·P² give κ back; κ is kept within [0, a_p − a_d] (the raw median
+    recorded) and the rest of a_p − a_d is off-engine; an empty probe is a clear error; a profile
+    entry without its times reads as NaN (no split)."""
+    from pdlab.simreal.calibrate import fit_prefill_stall
+    from pdlab.simreal.records import PrefillStall
+
+    (ap, bp, cp), ad = TRUE.prefill, TRUE.decode[0]          # a_p − a_d = 1 ms
+    rows = [{"prompt_tokens": p, "stall_s": 0.0004 + bp * p + cp * p * p + e}
+            for p, e in ((17, 1e-4), (17, -1e-4), (129, 0.0), (129, 5e-5), (129, -5e-5))]
+    stall = fit_prefill_stall(rows, TRUE, streams=4, stream_prompt=256)
+    assert stall.fixed_s == pytest.approx(0.0004) and stall.off_engine_s == pytest.approx(ap - ad - 0.0004)
+    assert (stall.injections, stall.median_prompt, stall.streams) == (5, 129, 4)
+    high = fit_prefill_stall([{**r, "stall_s": r["stall_s"] + 0.003} for r in rows], TRUE, streams=4, stream_prompt=256)
+    assert high.fixed_s == pytest.approx(ap - ad) and high.off_engine_s == 0.0 and high.raw_fixed_s == pytest.approx(0.0034)
+    low = fit_prefill_stall([{**r, "stall_s": r["stall_s"] - 0.003} for r in rows], TRUE, streams=4, stream_prompt=256)
+    assert low.fixed_s == 0.0 and low.off_engine_s == pytest.approx(ap - ad)
+    with pytest.raises(ValueError, match="no prefill stall measured"):
+        fit_prefill_stall([], TRUE, streams=4, stream_prompt=256)
+    assert PrefillStall.from_dict(stall.to_dict()) == stall
+    assert math.isnan(PrefillStall.from_dict({"streams": 4}).fixed_s)
+
+
+def test_colocated_replay_charges_a_prefill_the_engine_part_and_keeps_a_lone_ttft():
+    """With a measured stall, a colocated replay runs the engine's model (a_d + fixed_s for a
+    prefill) and delays each request by the rest: one prompt alone has the same TTFT as without;
+    four streams stepping together are held up by fixed_s + the per-token terms when a prompt joins
+    them, not by a_p − a_d + those; a pair's replay and a stall of unknown size change nothing."""
+    from pdlab.simreal.calibrate import engine_latency, fit_prefill_stall
+    from pdlab.workloads import Request
+
+    lat = FittedLatency((0.012, 2.0e-5, 3.0e-9), (0.003, 1.0e-7, 2.0e-4))
+    stall = fit_prefill_stall([{"prompt_tokens": 200, "stall_s": 0.004 + 2.0e-5 * 200 + 3.0e-9 * 200 ** 2}], lat,
+                              streams=4, stream_prompt=256)
+    split = FittedLatency(lat.prefill, lat.decode, meta={"prefill_stall": stall.to_dict()})
+    engine, off = engine_latency(split)
+    assert engine.prefill == pytest.approx((0.007, 2.0e-5, 3.0e-9)) and off == pytest.approx(0.005)
+    assert engine_latency(lat) == (lat, 0.0)
+    unknown = FittedLatency(lat.prefill, lat.decode, meta={"prefill_stall": {"streams": 4}})   # fixed_s NaN
+    assert engine_latency(unknown) == (unknown, 0.0)
+    lone = [Request(0, 0.0, 200, 1)]
+    assert simulate_like_live(lone, "colocated", split)[0].ttft_s == pytest.approx(
+        simulate_like_live(lone, "colocated", lat)[0].ttft_s)
+    reqs = [Request(i, 0.0, 256, 200) for i in range(4)] + [Request(4, 0.3, 200, 1)]
+
+    def held_up(model):
+        recs = simulate_like_live(reqs, "colocated", model)
+        gaps = np.diff(recs[0].token_times_s)[5:]  # after the streams' own prompts are in
+        k = int(np.argmax(gaps))                   # the step that admitted the prompt
+        return gaps[k] - gaps[k - 1]
+
+    per_token = 2.0e-5 * 200 + 3.0e-9 * 200 ** 2
+    assert held_up(split) == pytest.approx(0.004 + per_token, abs=2e-5)
+    assert held_up(lat) == pytest.approx(0.012 - 0.003 + per_token, abs=2e-5)
+    pair = [Request(0, 0.0, 200, 4)]
+    assert simulate_like_live(pair, "disaggregated", split)[0].ttft_s == simulate_like_live(pair, "disaggregated", lat)[0].ttft_s
+
+
+def test_decode_matched_to_the_runs_median_tpot():
+    """A pair whose every decode step costs 1.15× the fit's: matching the run's median TPOT scales
+    the decode row by about 1.15 and the replay's median TPOT is the run's; the factor and both
+    medians are recorded; a run slower than the highest factor allows gets that bound."""
+    from pdlab.metrics import tpot_s
+    from pdlab.simreal.calibrate import match_decode_to_tpot_on_run
+    from pdlab.workloads import Request
+
+    rng = np.random.default_rng(6)
+    arrivals = np.cumsum(rng.exponential(1 / 4.0, 80))
+    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
+    meta = {"kv_link": {"latency_s": 0.010, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.1, "decode": 0.05}}
+    live = simulate_like_live(reqs, "disaggregated", FittedLatency(TRUE.prefill, [1.15 * c for c in TRUE.decode], meta=meta))
+    fit = FittedLatency(TRUE.prefill, TRUE.decode, meta=meta)
+    matched = match_decode_to_tpot_on_run(fit, live, "disaggregated")
+    info = matched.meta["fit"]["decode_tpot_match"]
+    assert info["factor"] == pytest.approx(1.15, rel=0.02)
+    assert np.median(tpot_s(simulate_like_live(reqs, "disaggregated", matched))) == pytest.approx(
+        np.median(tpot_s(live)), rel=0.005)
+    assert info["live_tpot_p50_s"] == pytest.approx(float(np.median(tpot_s(live))))
+    assert info["replay_tpot_p50_before_s"] < info["live_tpot_p50_s"]
+    assert matched.prefill == fit.prefill and matched.meta["kv_link"] == meta["kv_link"]
+    capped = match_decode_to_tpot_on_run(fit, live, "disaggregated", highest=1.05)
+    assert capped.meta["fit"]["decode_tpot_match"]["factor"] == 1.05

@@ -140,6 +140,8 @@ class _ScriptedEngine:
     def __call__(self, url, requests, *, seed, max_concurrency=None, **kwargs):
         self.calls.append((url, len(requests), requests[0].output_tokens, max_concurrency))
         out = []
+        if any(r.arrival_s > 0 for r in requests):            # prefill stall probe: prompts among streams
+            return self._stall_round(requests)
         if all(r.output_tokens == 1 for r in requests):       # prefill probe: one prompt at a time
             for r in requests:
                 n = r.prompt_tokens + 1
@@ -159,9 +161,38 @@ class _ScriptedEngine:
         return out
 
 
+    @staticmethod
+    def _stall_round(requests):
+        """Streams stepping at ``DEC`` from t = 0.1; a step that starts after a prompt was sent admits
+        it and takes ``STALL_FIXED`` + its per-token prefill terms longer; its first token ends that step."""
+        streams = [r for r in requests if r.output_tokens > 1]
+        waiting = sorted((r for r in requests if r.output_tokens == 1), key=lambda r: r.arrival_s)
+        times, first = [0.1], {}
+        for k in range(streams[0].output_tokens - 1):
+            step = DEC[0] + DEC[1] * sum(r.prompt_tokens + 1 + k for r in streams) + DEC[2] * len(streams)
+            while waiting and waiting[0].arrival_s <= times[-1]:
+                n = waiting[0].prompt_tokens + 1
+                step += STALL_FIXED + PRE[1] * n + PRE[2] * n * n
+                first[waiting.pop(0).request_id] = times[-1] + step
+            times.append(times[-1] + step)
+        out = [RequestRecord(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, first_token_s=times[0],
+                             finish_s=times[-1], token_times_s=list(times), server_prompt_tokens=r.prompt_tokens + 1)
+               for r in streams]
+        for r in requests:
+            if r.request_id in first:
+                t = first[r.request_id]
+                out.append(RequestRecord(r.request_id, r.arrival_s, r.prompt_tokens, 1, first_token_s=t, finish_s=t,
+                                         token_times_s=[t], server_prompt_tokens=r.prompt_tokens + 1))
+        return out
+
+
+STALL_FIXED = 0.004              # a prefill's fixed cost inside a decode step (of PRE's 0.010; DEC's a is 0.002)
+
+
 def test_calibrate_recovers_the_scripted_engine(monkeypatch):
     engine = _ScriptedEngine()
     monkeypatch.setattr(probes, "_bench", engine)
+    monkeypatch.setattr(probes, "server_context_tokens", lambda url: 2048)
     res = probes.calibrate("http://p", plan="smoke", meta={"note": "scripted"})
     assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
     assert list(res.latency.decode) == pytest.approx(DEC, rel=1e-6)
@@ -169,8 +200,17 @@ def test_calibrate_recovers_the_scripted_engine(monkeypatch):
     assert [p.prefill_tokens for p in res.prefill_points] == [17, 257, 1025]
     assert [(p.decode_batch, p.prompt_tokens) for p in res.decode_points] == [(1, 32), (1, 256), (16, 32),
                                                                                    (16, 256)]
-    assert [c[1:] for c in engine.calls] == [(3, 1, 1), (1, 16, None), (1, 16, None), (16, 16, None), (16, 16, None)]
+    # then one stall round: 4 streams, 16- and 128-token prompts twice each, streams long enough to span them
+    assert [c[1:] for c in engine.calls[:5]] == [(3, 1, 1), (1, 16, None), (1, 16, None), (16, 16, None), (16, 16, None)]
+    (stall_call,) = engine.calls[5:]
+    assert stall_call[1] == 4 + 4 and stall_call[2] > 64
     assert res.kv_link is None and res.contention is None and res.admission is None
+    # the stall's fixed part is recovered; a_p − a_d splits into it and what the engine never ran
+    stall = res.prefill_stall
+    assert (stall.streams, stall.injections, stall.stream_prompt) == (4, 4, 256)
+    assert stall.fixed_s == pytest.approx(STALL_FIXED, abs=2e-4)
+    assert stall.fixed_s + stall.off_engine_s == pytest.approx(PRE[0] - DEC[0], rel=1e-6)
+    assert Calibration.from_latency(res.latency).prefill_stall == stall   # it rides in the profile
     assert res.latency.meta["note"] == "scripted" and res.latency.meta["fit"]["prefill"]["r2"] == pytest.approx(1.0)
     # one 1,024-token prompt from the fitted model: 0.010 + 2e-5·1024 + 1e-9·1024²
     assert res.latency.prefill_time_s([1024]) == pytest.approx(0.010 + 2e-5 * 1024 + 1e-9 * 1024 ** 2, rel=1e-6)
@@ -326,3 +366,39 @@ def test_while_running_measures_during_the_background_and_names_its_failure():
 
     with pytest.raises(RuntimeError, match="contention probe: background load failed: connection refused"):
         probes.while_running(broken, lambda: 1.0, settle_s=0.01, label="contention probe")
+
+
+def test_prefill_stalls_subtract_the_local_step_and_count_merged_chunks():
+    """Two streams stepping 5 ms, a prompt sent at 0.1025 s whose first token comes at 0.125 s, the
+    step it joined 15 ms long (10 ms of stall): each stream's span around it less its steps at 5 ms
+    is 10 ms, even where the API server sent two of a stream's tokens in one chunk; a stream that
+    ended before the window is left out; a prompt that no stream spans has no row."""
+    times = [0.005 * k for k in range(41)]
+    times = times[:22] + [t + 0.010 for t in times[22:]]            # the step 0.105 → 0.120 (+10 ms)
+    a = RequestRecord(0, 0.0, 32, 41, times[0], times[-1], token_times_s=list(times), server_prompt_tokens=33)
+    merged_t = times[:24] + times[25:]                               # one chunk of 2 tokens at times[25]
+    b = RequestRecord(1, 0.0, 32, 41, merged_t[0], merged_t[-1], token_times_s=merged_t,
+                      chunk_tokens=[1] * 24 + [2] + [1] * 15, server_prompt_tokens=33)
+    short = RequestRecord(2, 0.0, 32, 10, 0.0, 0.045, token_times_s=[0.005 * k for k in range(10)],
+                          server_prompt_tokens=33)
+    inj = RequestRecord(9, 0.1025, 100, 1, 0.125, 0.125, token_times_s=[0.125], server_prompt_tokens=101)
+    late = RequestRecord(10, 5.0, 100, 1, 5.01, 5.01, token_times_s=[5.01], server_prompt_tokens=101)
+    (row,) = probes.prefill_stalls([a, b, short, inj, late], [9, 10])
+    assert row["stall_s"] == pytest.approx(0.010) and row["prompt_tokens"] == 101
+    assert row["ttft_s"] == pytest.approx(0.0225)
+
+
+def test_prefill_stall_probe_needs_streams_that_outlast_the_prompts(monkeypatch):
+    """Streams that end before the first prompt is sent leave nothing to time: a clear error; bad
+    settings are a ValueError, and the plan checks its own."""
+    bench = _ScriptedBench([[_stream(0, 256, 0.1, 0.005, 20), RequestRecord(4, 1.0, 16, 1, 1.01, 1.01,
+                                                                            token_times_s=[1.01])]])
+    monkeypatch.setattr(probes, "_bench", bench)
+    with pytest.raises(RuntimeError, match="raise stream_tokens"):
+        probes.probe_prefill_stall("http://x", [16], streams=1, stream_tokens=20, rounds=1)
+    assert bench.calls[0][1] == [(256, 20), (16, 1)]
+    with pytest.raises(ValueError, match="streams >= 1"):
+        probes.probe_prefill_stall("http://x", [16], streams=0)
+    with pytest.raises(ValueError, match="prefill stall probe"):
+        probes.ProbePlan(stall_streams=0).check()
+    probes.ProbePlan(stall_rounds=0, stall_streams=0).check()    # no stall probe: nothing to check

@@ -24,17 +24,18 @@ from pdlab.simreal.calibrate import (
     admission_overhead_s,
     contention_factor,
     fit_handoff,
+    fit_prefill_stall,
     fit_profile,
     merge_prefill_points,
     server_prompt_tokens,
 )
-from pdlab.simreal.records import Admission, Calibration, Contention, StepPoint
+from pdlab.simreal.records import Admission, Calibration, Contention, PrefillStall, StepPoint
 from pdlab.workloads import Request
 
 T = TypeVar("T")
 
 __all__ = ["ProbePlan", "PROBE_PLANS", "probe_prefill", "probe_decode", "decode_window", "probe_handoff",
-           "probe_contention", "while_running", "probe_admission", "calibrate", "server_context_tokens",
+           "probe_contention", "while_running", "probe_admission", "prefill_stalls", "probe_prefill_stall", "calibrate", "server_context_tokens",
            "server_kv_capacity_tokens"]
 
 # ---------------------------------------------------------------------------------------------
@@ -52,7 +53,9 @@ class ProbePlan:
     cover the batches and contexts a workload reaches, not only prompts that fit one prefill step. Hand-off: each of ``handoff_lengths``
     ``repeats`` times through the proxy. Contention (two servers only): prefills of
     ``contention_prompt`` tokens and decode streams, each alone and while the other server works
-    (:func:`probe_contention`). With ``prefill_passes=2`` the prefill probe runs again at the end
+    (:func:`probe_contention`). Prefill stall (one server only): ``stall_rounds`` rounds of
+    ``stall_streams`` streams decoding while one prompt of each of ``stall_lengths`` is prefilled
+    ``stall_per_length`` times (:func:`probe_prefill_stall`); 0 rounds skips it. With ``prefill_passes=2`` the prefill probe runs again at the end
     of the calibration and each length keeps the median over both passes: a shared machine's speed
     drifts over minutes (lab 05 printed a 1,024-token prefill at 273 ms in the contention probe
     and 356 ms from the fit of the first pass, two minutes apart), and TTFT follows prefill.
@@ -68,6 +71,10 @@ class ProbePlan:
     decode_repeats: int = 2
     max_probe_tokens: int = 16384
     prefill_passes: int = 2
+    stall_lengths: tuple[int, ...] = (16, 128)
+    stall_per_length: int = 4
+    stall_streams: int = 4
+    stall_rounds: int = 2
 
     def decode_pairs(self) -> list[tuple[int, int]]:
         """(batch, prompt tokens) pairs that are probed."""
@@ -85,6 +92,11 @@ class ProbePlan:
             raise ValueError(f"decode_tokens must be >= 4, got {self.decode_tokens}")
         if self.prefill_passes not in (1, 2):
             raise ValueError(f"prefill_passes must be 1 or 2, got {self.prefill_passes}")
+        if self.stall_rounds < 0 or (self.stall_rounds and (self.stall_streams < 1 or self.stall_per_length < 1
+                                                            or not self.stall_lengths)):
+            raise ValueError("the prefill stall probe needs stall_rounds >= 0 and, when it runs, stall_streams >= 1, "
+                             f"stall_per_length >= 1 and some stall_lengths, got {self.stall_rounds}, "
+                             f"{self.stall_streams}, {self.stall_per_length}, {self.stall_lengths}")
         if self.repeats < 1 or self.decode_repeats < 1:
             raise ValueError(f"repeats and decode_repeats must be >= 1, got {self.repeats}, {self.decode_repeats}")
 
@@ -96,7 +108,7 @@ PROBE_PLANS: dict[str, ProbePlan] = {
     # could hide the batch cost altogether and leave a flat decode row (CI failed on one, stop 37)
     "smoke": ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 16), decode_prompts=(32, 256),
                        decode_tokens=16, handoff_lengths=(32, 512), repeats=1, decode_repeats=1,
-                       max_probe_tokens=4096, prefill_passes=1),
+                       max_probe_tokens=4096, prefill_passes=1, stall_per_length=2, stall_rounds=1),
     "ci": ProbePlan(),
     "full": ProbePlan(prefill_lengths=(16, 128, 512, 1024, 2048, 4096, 8192), decode_batches=(1, 8, 32, 64, 128),
                       decode_prompts=(128, 1024), decode_tokens=128, handoff_lengths=(128, 1024, 4096),
@@ -236,6 +248,78 @@ def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, s
         if all("prefill_leg_s" in r.extra for r in g):
             row["prefill_leg_s"] = float(np.median([r.extra["prefill_leg_s"] for r in g]))
         rows.append(row)
+    return rows
+
+
+def prefill_stalls(records: Sequence[RequestRecord], injected_ids: Sequence[int | str], *,
+                   margin_steps: int = 3, neighbours: int = 20) -> list[dict[str, float]]:
+    """What each injected prefill cost the streams decoding around it, from one client run.
+
+    ``records``: the run's requests, long streams and the injected prefills (``injected_ids``,
+    each ``max_tokens=1``). A stream's gaps are per step (a chunk of n tokens spans n steps); a
+    gap is busy when it overlaps an injected request's window, send to first token +
+    ``margin_steps`` steps. For each injected request and stream, the stall is the time from the
+    stream's last token before the send to its first token after the window, minus the steps in
+    between at the stream's local step: the median of the ``neighbours`` free gaps on each side
+    (the step grows with the context as a stream decodes). The row holds the streams' mean:
+    ``prompt_tokens`` (the server's count), ``ttft_s`` and ``stall_s`` (s). A stream that does not
+    span an injection on both sides (it started later or ended sooner) is left out of its row;
+    with no stream left, no row."""
+    injected = set(injected_ids)
+    inj = [r for r in records if r.request_id in injected and r.ok and r.first_token_s is not None]
+    streams = []
+    for rec in records:
+        if rec.request_id in injected or not rec.ok or not rec.token_times_s or len(rec.token_times_s) < 3:
+            continue
+        t = np.asarray(rec.token_times_s, dtype=float)
+        steps = np.maximum(np.asarray(rec.chunk_tokens if rec.chunk_tokens else [1] * len(t), dtype=float), 1.0)
+        per_step = np.diff(t) / steps[1:]
+        busy = np.zeros(len(per_step), bool)
+        typical = float(np.median(per_step))
+        for r in inj:
+            busy |= (t[1:] > r.arrival_s) & (t[:-1] < r.first_token_s + margin_steps * typical)
+        streams.append((t, np.concatenate([[0.0], np.cumsum(steps[1:])]), per_step, busy, typical))
+    rows = []
+    for r in inj:
+        per = []
+        for t, steps_before, per_step, busy, typical in streams:
+            i0 = int(np.searchsorted(t, r.arrival_s)) - 1
+            i1 = int(np.searchsorted(t, r.first_token_s + margin_steps * typical))
+            if i0 < 0 or i1 >= len(t):
+                continue
+            free = np.flatnonzero(~busy)
+            near = np.concatenate([free[free < i0][-neighbours:], free[free >= i1][:neighbours]])
+            base = float(np.median(per_step[near])) if len(near) >= 5 else typical
+            per.append((t[i1] - t[i0]) - (steps_before[i1] - steps_before[i0]) * base)
+        if per:
+            rows.append({"prompt_tokens": float(server_prompt_tokens(r)), "ttft_s": float(r.ttft_s),
+                         "stall_s": float(np.mean(per))})
+    return rows
+
+
+def probe_prefill_stall(url: str, lengths: Sequence[int], *, streams: int = 4, stream_prompt: int = 256,
+                        stream_tokens: int = 1024, rounds: int = 2, spacing_s: float = 0.25, start_s: float = 1.0,
+                        seed: int = 0, **bench_kwargs: Any) -> list[dict[str, float]]:
+    """How long one prefill holds up the streams a server is decoding (:func:`prefill_stalls` rows).
+
+    Each of ``rounds`` rounds is one client run: ``streams`` streams of ``stream_prompt``-token
+    prompts generating ``stream_tokens`` tokens from t = 0, and from ``start_s`` one prompt of each
+    of ``lengths`` (shuffled; ``max_tokens=1``) every ``spacing_s`` seconds. Fresh prompt text every
+    round (no prefix-cache hits). ``stream_tokens`` must keep the streams decoding past the last
+    prefill; a RuntimeError says so when no prefill could be timed."""
+    if streams < 1 or rounds < 1 or not lengths:
+        raise ValueError(f"need streams >= 1, rounds >= 1 and some lengths, got {streams}, {rounds}, {list(lengths)}")
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, float]] = []
+    for k in range(rounds):
+        reqs = [Request(j, 0.0, int(stream_prompt), int(stream_tokens)) for j in range(streams)]
+        order = [int(x) for x in rng.permutation(np.asarray(lengths))]
+        reqs += [Request(streams + i, start_s + i * spacing_s, p, 1) for i, p in enumerate(order)]
+        recs = _bench(url, reqs, seed=seed + 31 * k, **bench_kwargs)
+        rows += prefill_stalls(recs, [r.request_id for r in reqs[streams:]])
+    if not rows:
+        raise RuntimeError(f"prefill stall probe: the {streams} streams of {stream_tokens} tokens ended before any "
+                           "prefill could be timed; raise stream_tokens")
     return rows
 
 
@@ -431,7 +515,7 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
 
 def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None = None,
               proxy_url: str | None = None, seed: int = 0, meta: dict[str, Any] | None = None,
-              **bench_kwargs: Any) -> Calibration:
+              stall_tokens_cap: int | None = None, **bench_kwargs: Any) -> Calibration:
     """Probe ``url`` (prefill) and ``decode_url`` (decode; default ``url``), fit, and return the
     :class:`~pdlab.simreal.records.Calibration` (its ``latency.meta`` carries the measurements too).
 
@@ -440,7 +524,11 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     With two servers (``decode_url`` ≠ ``url``) each role's slowdown while the other works is
     measured (:func:`probe_contention`, ``contention``), and with a proxy too, what
     each handed-off request costs the running decode streams (:func:`probe_admission`,
-    ``admission``).
+    ``admission``). With one server, what a prefill costs the streams it decodes
+    (:func:`probe_prefill_stall`, fitted by :func:`~pdlab.simreal.calibrate.fit_prefill_stall`:
+    ``prefill_stall``), where the plan has stall rounds; its streams decode long enough, by the
+    decode fit, to span every prefill (``stall_tokens_cap`` at most: the server's context less
+    the prompt).
     ``plan`` is a :class:`ProbePlan` or a key of :data:`PROBE_PLANS`.
     """
 
@@ -472,8 +560,27 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
         info["proxy_url"] = proxy_url
     lat = fit_profile(pre, decode_points=dec, meta=info)
     link = fit_handoff(handoff, lat) if proxy_url else None
+    stall = None
+    if plan.stall_rounds and (not decode_url or decode_url == url):
+        stall = _probe_and_fit_stall(url, plan, lat, seed=seed + 6, tokens_cap=stall_tokens_cap, **bench_kwargs)
     return Calibration(lat, pre, dec, handoff, kv_link=link, contention=contention, admission=admission,
-                       seconds=time.perf_counter() - t0)
+                       seconds=time.perf_counter() - t0, prefill_stall=stall)
+
+
+def _probe_and_fit_stall(url: str, plan: ProbePlan, lat: Any, *, seed: int, tokens_cap: int | None,
+                         **bench_kwargs: Any) -> PrefillStall:
+    """:func:`probe_prefill_stall` with ``plan``'s stall settings, its streams long enough by the
+    decode fit ``lat`` (1.5× the window, at the context they reach), fitted on ``lat``."""
+    lengths = [int(p) for p in plan.stall_lengths] * plan.stall_per_length
+    spacing_s, start_s, prompt = 0.25, 1.0, 256
+    window_s = start_s + len(lengths) * spacing_s + 0.5
+    cap = tokens_cap or (server_context_tokens(url) or 2048) - prompt - 1
+    step = lat.step_time_s(0, 0.0, plan.stall_streams, plan.stall_streams * (prompt + cap // 2))
+    tokens = int(min(cap, max(64, 1.5 * window_s / max(step, 1e-4))))
+    rows = probe_prefill_stall(url, lengths, streams=plan.stall_streams, stream_prompt=prompt, stream_tokens=tokens,
+                               rounds=plan.stall_rounds, spacing_s=spacing_s, start_s=start_s, seed=seed,
+                               **bench_kwargs)
+    return fit_prefill_stall(rows, lat, streams=plan.stall_streams, stream_prompt=prompt)
 
 
 def server_context_tokens(url: str) -> int | None:

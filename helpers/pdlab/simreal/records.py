@@ -4,7 +4,7 @@ The live probes (:mod:`pdlab.serve.probes`) return these; the pure fits and repl
 (:mod:`pdlab.simreal.calibrate`) read them. In a profile JSON (``pdlab-latency-profile/1``, read by
 :func:`pdlab.sim.latency.load_profile`) each record is one key of the profile, written by its
 ``to_dict`` and read back by its ``from_dict``: ``kv_link`` (:class:`LinkFit`), ``cpu_contention``
-(:class:`Contention`), ``admission`` (:class:`Admission`), ``points`` (a list of :class:`StepPoint`),
+(:class:`Contention`), ``admission`` (:class:`Admission`), ``prefill_stall`` (:class:`PrefillStall`), ``points`` (a list of :class:`StepPoint`),
 beside ``handoff_points`` and ``calibration_s`` (:class:`Calibration`). A profile without one of those keys has none of that
 measurement; a hand-written entry may leave fields out: a missing time reads as NaN, a missing
 count as 0, a missing factor, latency or per-token time as 0 (no effect in the simulator).
@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Self
 
 from pdlab.sim.latency import FittedLatency
 
-__all__ = ["StepPoint", "step_points", "LinkFit", "Contention", "Admission", "Calibration"]
+__all__ = ["StepPoint", "step_points", "LinkFit", "Contention", "Admission", "PrefillStall", "Calibration"]
 
 _NAN = float("nan")
 
@@ -234,6 +234,39 @@ class Admission(_ProfileEntry):
                 "itl_alone_s": _NAN, "itl_busy_s": _NAN, "gaps_busy": 0, "raw_overhead_s": raw, "overhead_s": overhead}
 
 
+@dataclass(frozen=True)
+class PrefillStall(_ProfileEntry):
+    """How long a prefill holds up the streams one server is decoding, against its lone TTFT
+    (:func:`pdlab.serve.probes.probe_prefill_stall`, fitted by
+    :func:`pdlab.simreal.calibrate.fit_prefill_stall`).
+
+    ``streams``: concurrent decode streams (count); ``stream_prompt``: their prompt (tokens).
+    ``injections``: prefills timed among them (count); ``median_prompt``: their median prompt (tokens).
+    ``raw_fixed_s``: the median, over the prefills, of the streams' stall − the prefill row's
+    per-token terms (b_p·P + c_p·P²) (s; may be < 0).
+    ``fixed_s``: what a step that admits a prefill costs over the decode step beyond those terms,
+    ``raw_fixed_s`` kept within [0, a_p − a_d] (s): the simulator's engine charges a prefill
+    ``a_d + fixed_s`` instead of the ``a_p`` of the lone TTFT.
+    ``off_engine_s``: a_p − a_d − ``fixed_s`` (s): the rest of a lone prompt's fixed TTFT, spent
+    outside the engine loop (HTTP, tokenisation, the first token's trip back through the API
+    server); it delays that request alone.
+
+    The profile's ``prefill_stall`` entry; a missing time reads as NaN, a count as 0, a missing
+    ``fixed_s`` as NaN (no split: the simulator then charges ``a_p`` in every step, as without one).
+    """
+
+    _MISSING: ClassVar[Mapping[str, Any]] = {"streams": 0, "stream_prompt": 0, "injections": 0, "median_prompt": 0,
+                                             "raw_fixed_s": _NAN, "fixed_s": _NAN, "off_engine_s": _NAN}
+
+    streams: int
+    stream_prompt: int
+    injections: int
+    median_prompt: int
+    raw_fixed_s: float
+    fixed_s: float
+    off_engine_s: float
+
+
 def _typed(meta: Mapping[str, Any], key: str, cls: type) -> Any:
     value = meta.get(key)
     return cls.from_dict(value) if value else None
@@ -245,7 +278,7 @@ class Calibration:
 
     ``latency``: the fitted step times (:class:`FittedLatency`, coefficients in seconds); its
     ``meta`` mirrors the typed fields below in their profile form (``kv_link``, ``cpu_contention``,
-    ``admission``, ``points``, ``handoff_points``, ``calibration_s``), kept in step on construction,
+    ``admission``, ``prefill_stall``, ``points``, ``handoff_points``, ``calibration_s``), kept in step on construction,
     so ``latency`` alone — or a profile file read back — carries them.
     ``prefill_points`` / ``decode_points``: the timing points of the fit (:class:`StepPoint`; mappings
     in its profile form are read on construction).
@@ -253,6 +286,7 @@ class Calibration:
     ``kv_link``: the fitted hand-off, or None when no proxy was probed.
     ``contention``: each role's slowdown while the other works, or None (one server).
     ``admission``: per-hand-off cost to running decode streams, or None.
+    ``prefill_stall``: what a prefill costs the streams one server decodes, or None (not probed).
     ``seconds``: wall time the probes and the fit took (s).
     """
 
@@ -264,19 +298,21 @@ class Calibration:
     contention: Contention | None = None
     admission: Admission | None = None
     seconds: float = 0.0
+    prefill_stall: PrefillStall | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill_points", step_points(self.prefill_points))
         object.__setattr__(self, "decode_points", step_points(self.decode_points))
         object.__setattr__(self, "handoff_points", tuple(self.handoff_points))
         meta = {k: v for k, v in self.latency.meta.items()
-                if k not in ("kv_link", "cpu_contention", "admission", "points", "handoff_points", "calibration_s")}
+                if k not in ("kv_link", "cpu_contention", "admission", "prefill_stall", "points", "handoff_points",
+                             "calibration_s")}
         points = [p.to_dict() for p in self.prefill_points + self.decode_points]
         for key, value in (("points", points), ("handoff_points", list(self.handoff_points))):
             if value:
                 meta[key] = value
         for key, record in (("kv_link", self.kv_link), ("cpu_contention", self.contention),
-                            ("admission", self.admission)):
+                            ("admission", self.admission), ("prefill_stall", self.prefill_stall)):
             if record is not None:
                 meta[key] = record.to_dict()
         meta["calibration_s"] = float(self.seconds)
@@ -292,7 +328,7 @@ class Calibration:
         dec = [p for p in points if p.decode_batch > 0]
         return cls(latency, pre, dec, list(meta.get("handoff_points") or []), _typed(meta, "kv_link", LinkFit),
                    _typed(meta, "cpu_contention", Contention), _typed(meta, "admission", Admission),
-                   float(meta.get("calibration_s", 0.0)))
+                   float(meta.get("calibration_s", 0.0)), _typed(meta, "prefill_stall", PrefillStall))
 
     def to_dict(self) -> dict[str, Any]:
         """The profile JSON (``pdlab-latency-profile/1``, as :func:`pdlab.sim.latency.save_profile` writes)."""
