@@ -83,6 +83,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if res.kv_link is not None:
         link = res.kv_link
         text.append(f"  KV hand-off = {link.latency_s * 1e3:.3f} ms + {link.s_per_token * 1e6:.3f} µs/token")
+    if res.prefill_stall is not None:
+        stall = res.prefill_stall
+        text.append(f"  prefill stall: a prompt holds {stall.streams} decoding streams up by its per-token terms + "
+                    f"{stall.fixed_s * 1e3:.3f} ms; {stall.off_engine_s * 1e3:.3f} ms of a_p is off-engine "
+                    f"({stall.injections} prompts)")
     text.append(f"use it: pdlab simulate --profile {path} ...")
     emit({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in payload.items()}, args.json,
          "\n".join(text))

@@ -1343,7 +1343,7 @@ def refit_handoff_on_run(latency: FittedLatency, records: Sequence[RequestRecord
 
 def fit_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
                prefill_core_samples: Sequence[Sequence[Sequence[float]]] | None = None,
-               prior_requests: float = math.inf, **sim_kwargs: Any) -> FittedLatency:
+               prior_requests: float = math.inf, match_tpot: bool = True, **sim_kwargs: Any) -> FittedLatency:
     """Lab 05's observe-then-predict calibration: the probe's fit ``latency`` refitted on one live
     run (``records``) of the set-up ``mode``. The decode row is scaled to the run's quiet steps
     (:func:`scale_decode_on_run`); for a prefill/decode pair, the decode role's contention
@@ -1355,9 +1355,9 @@ def fit_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: s
     it with the probe weighing ``prior_requests`` requests: 0, the run's values as they are; by
     default ``math.inf``, the probe's values, the run's only recorded in ``meta["fit"]["handoff"]``
     (over lab 05's ci runs the run's values, fitted at one rate, did not transfer to the others:
-    ``benchmarks/prefill_contention_transfer.py``), and the decode row's level matched to the run's
-    median TPOT (:func:`match_decode_to_tpot_on_run`); then the front-end delay
-    (:func:`refit_front_end_on_run`).
+    ``benchmarks/prefill_contention_transfer.py``), and, unless ``match_tpot`` is False, the decode
+    row's level matched to the run's median TPOT (:func:`match_decode_to_tpot_on_run`); then the
+    front-end delay (:func:`refit_front_end_on_run`).
     ``sim_kwargs`` go to every replay. The prefill row stays the probe's. Raises ValueError when
     the run has too few quiet steps or prefill-quiet requests to fit on."""
     fit = scale_decode_on_run(latency, records)
@@ -1366,7 +1366,8 @@ def fit_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: s
         if prefill_core_samples is not None:
             fit = refit_prefill_core_load_on_run(fit, prefill_core_samples, records, per_request_only=True)
         fit = refit_handoff_on_run(fit, records, cap_at_probe=False, prior_requests=prior_requests, **sim_kwargs)
-        fit = match_decode_to_tpot_on_run(fit, records, mode, **sim_kwargs)
+        if match_tpot:
+            fit = match_decode_to_tpot_on_run(fit, records, mode, **sim_kwargs)
     return refit_front_end_on_run(fit, records, mode, **sim_kwargs)
 
 

@@ -352,4 +352,5 @@ class Calibration:
         return {"prefill": list(self.latency.prefill), "decode": list(self.latency.decode),
                 "fit": self.latency.meta.get("fit"), "kv_link": self.kv_link and self.kv_link.to_dict(),
                 "seconds": self.seconds, "cpu_contention": self.contention and self.contention.to_dict(),
-                "admission": self.admission and self.admission.to_dict()}
+                "admission": self.admission and self.admission.to_dict(),
+                "prefill_stall": self.prefill_stall and self.prefill_stall.to_dict()}
