@@ -45,3 +45,34 @@ def test_the_mirrored_order_cancels_a_steady_drift(steadiness):
 
 def test_a_series_shorter_than_the_schedule_scores_nothing(steadiness):
     assert steadiness.perfect_model_floor(series(lambda t: 0.005)[:100], "decode", [2.0, 4.0, 6.0]) == {"schedules": 0}
+
+
+@pytest.fixture(scope="module")
+def scatter():
+    sys.path.insert(0, str(repo_root() / "benchmarks"))
+    try:
+        yield importlib.import_module("block_scatter")
+    finally:
+        sys.path.remove(str(repo_root() / "benchmarks"))
+
+
+def test_block_scatter_cuts_a_rate_into_its_blocks_in_the_order_they_arrived(scatter):
+    """Two blocks of 5 requests, the second sent 30 s later, stored out of order: each part holds
+    one block; an odd count gives the first block the extra request, as split_blocks does."""
+    from pdlab.metrics import RequestRecord
+
+    recs = [RequestRecord(i, t, 100, 4) for i, t in enumerate([30.0, 0.1, 30.4, 0.0, 30.2, 0.3, 30.1, 0.2, 30.3, 0.4])]
+    first, second = scatter.blocks_of(recs, 2)
+    assert sorted(r.arrival_s for r in first) == [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert min(r.arrival_s for r in second) == 30.0
+    assert [len(p) for p in scatter.blocks_of(recs[:9], 2)] == [5, 4]
+
+
+def test_a_perfect_models_chance_falls_as_the_blocks_scatter(scatter):
+    """Blocks that repeat exactly leave a perfect model every prediction; its chance falls as the
+    blocks scatter, and with a scatter far past the 10 % band it is near nothing."""
+    chance = [scatter.perfect_model_chance(s, rates=3, blocks=2, elasticity=1.2, draws=20_000)
+              for s in (0.0, 0.02, 0.05, 0.5)]
+    assert chance[0] == 1.0
+    assert chance[0] >= chance[1] > chance[2] > chance[3]
+    assert chance[3] < 0.05
