@@ -10,13 +10,18 @@ import pytest
 from pdlab.paths import repo_root
 
 
-@pytest.fixture(scope="module")
-def steadiness():
+def _benchmark(name: str):
+    """benchmarks/<name>.py as a module, the folder on sys.path only while the tests use it."""
     sys.path.insert(0, str(repo_root() / "benchmarks"))
     try:
-        yield importlib.import_module("engine_steadiness")
+        yield importlib.import_module(name)
     finally:
         sys.path.remove(str(repo_root() / "benchmarks"))
+
+
+@pytest.fixture(scope="module")
+def steadiness():
+    yield from _benchmark("engine_steadiness")
 
 
 def series(values_at):
@@ -49,11 +54,7 @@ def test_a_series_shorter_than_the_schedule_scores_nothing(steadiness):
 
 @pytest.fixture(scope="module")
 def scatter():
-    sys.path.insert(0, str(repo_root() / "benchmarks"))
-    try:
-        yield importlib.import_module("block_scatter")
-    finally:
-        sys.path.remove(str(repo_root() / "benchmarks"))
+    yield from _benchmark("block_scatter")
 
 
 def test_block_scatter_cuts_a_rate_into_its_blocks_in_the_order_they_arrived(scatter):
