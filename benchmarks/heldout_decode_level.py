@@ -13,8 +13,9 @@ in two variants per set-up:
   the course's VM). Without ``--stall-fraction`` both colocated variants are the saved profile.
 
 It prints per run, set-up and variant how many of the held-out predictions have both medians (TTFT
-and TPOT) within 10 %, TPOT and TTFT alone, and the errors; then the totals, and the probe fit's
-own median errors at each rate (lab 05's goal table), averaged over the runs.
+and TPOT) within 10 %, TPOT and TTFT alone, and the errors; then the totals, the probe fit's own
+median errors at each rate (lab 05's goal table), and each rate's run fit replaying its own rate
+(what the model misses with the rate's own levels), averaged over the runs.
 
     .venv/bin/python benchmarks/heldout_decode_level.py build/s53a/lab05 [build/s53b/lab05 ...]
         [--stall-fraction 0.4]
@@ -45,21 +46,22 @@ def with_stall_fraction(lat: FittedLatency, fraction: float) -> FittedLatency:
     return FittedLatency(lat.prefill, lat.decode, tp=lat.tp, pp=lat.pp, meta={**lat.meta, "prefill_stall": stall.to_dict()})
 
 
-def heldout(run, mode: str, variant: dict, kw: dict) -> list[tuple[float, float]]:
-    """(TTFT, TPOT) median errors of every held-out prediction of ``run`` (simulated − live) / live."""
+def heldout(run, mode: str, variant: dict, kw: dict) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(TTFT, TPOT) median errors, (simulated − live) / live, of every held-out prediction of
+    ``run``, and of each rate's run fit on its own rate (lowest rate first)."""
     probe = run.calibration.latency
     if variant.get("stall_fraction") is not None:
         probe = with_stall_fraction(probe, variant["stall_fraction"])
-    out = []
-    for fit_rate, recs in run.records.items():
+    held, own = [], []
+    for fit_rate, recs in sorted(run.records.items()):
         fit = fit_on_run(probe, recs, mode, match_tpot=variant.get("match_tpot", True),
                          prefill_core_samples=run.cpu_samples(fit_rate) if mode == "disaggregated" else None, **kw)
-        for rate, live in run.records.items():
-            if rate != fit_rate:
-                sim = simulate_like_live(requests_from_records(live), mode, fit, **kw)
-                out.append((float(np.median(ttft_s(sim)) / np.median(ttft_s(live)) - 1),
-                            float(np.median(tpot_s(sim)) / np.median(tpot_s(live)) - 1)))
-    return out
+        for rate, live in sorted(run.records.items()):
+            sim = simulate_like_live(requests_from_records(live), mode, fit, **kw)
+            err = (float(np.median(ttft_s(sim)) / np.median(ttft_s(live)) - 1),
+                   float(np.median(tpot_s(sim)) / np.median(tpot_s(live)) - 1))
+            (held if rate != fit_rate else own).append(err)
+    return held, own
 
 
 def probe_fit_errors(run, mode: str, variant: dict, kw: dict) -> list[tuple[float, float]]:
@@ -95,26 +97,29 @@ def main() -> None:
                 "disaggregated": {"quiet-step level": {"match_tpot": False}, "TPOT-matched level": {}}}
     totals: dict[tuple[str, str], list] = {}
     by_rate: dict[tuple[str, str], list] = {}
+    own_rate: dict[tuple[str, str], list] = {}
     for d in args.out_dirs:
         for mode, vs in variants.items():
             run = load_saved_run(d, mode)
             kw = dict(kv_capacity_tokens=run.kv_capacity_tokens, token_budget=args.token_budget,
                       max_num_seqs=args.max_num_seqs)
             for name, v in vs.items():
-                errs = heldout(run, mode, v, kw)
+                errs, own = heldout(run, mode, v, kw)
                 totals.setdefault((mode, name), []).extend(errs)
                 by_rate.setdefault((mode, name), []).append(probe_fit_errors(run, mode, v, kw))
+                own_rate.setdefault((mode, name), []).append(own)
                 print(f"{d} {mode:>13} {name:>18}: {line(errs)}; TPOT " + " ".join(f"{b:+.0%}" for _, b in errs),
                       flush=True)
     print("\nall runs, run fit held out")
     for (mode, name), errs in totals.items():
         print(f"{mode:>13} {name:>18}: {line(errs)}")
-    print("\nall runs, probe fit at each rate (lowest first): mean median TTFT / TPOT error")
-    for (mode, name), runs in by_rate.items():
-        n = min(len(r) for r in runs)
-        e = np.array([r[:n] for r in runs])     # runs × rates × (TTFT, TPOT)
-        print(f"{mode:>13} {name:>18}: TTFT " + " / ".join(f"{x:+.1%}" for x in e[:, :, 0].mean(0))
-              + "; TPOT " + " / ".join(f"{x:+.1%}" for x in e[:, :, 1].mean(0)))
+    for title, table in (("probe fit at each rate", by_rate), ("each rate's run fit on its own rate", own_rate)):
+        print(f"\nall runs, {title} (lowest first): mean median TTFT / TPOT error")
+        for (mode, name), runs in table.items():
+            n = min(len(r) for r in runs)
+            e = np.array([r[:n] for r in runs])     # runs × rates × (TTFT, TPOT)
+            print(f"{mode:>13} {name:>18}: TTFT " + " / ".join(f"{x:+.1%}" for x in e[:, :, 0].mean(0))
+                  + "; TPOT " + " / ".join(f"{x:+.1%}" for x in e[:, :, 1].mean(0)))
 
 
 if __name__ == "__main__":

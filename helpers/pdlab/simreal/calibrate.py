@@ -904,8 +904,8 @@ def match_decode_to_tpot_on_run(latency: FittedLatency, records: Sequence[Reques
     :func:`scale_decode_on_run` matches the median *quiet* step; TPOT is a mean over all of a
     request's gaps, so it also carries the long ones a quiet median leaves out (stalls while a
     request is admitted, chunks the API server sent late). For lab 05's prefill/decode pair those
-    make the replay's median TPOT 2–10 % short of the run's in every saved run, at every rate, and
-    matching it at one rate carried over to the others (``docs/LIVE_LABS.md``). Prefill and the rest
+    make the replay's median TPOT short of the run's, by 3–5 % on average at every rate of nine
+    saved runs, and matching it at one rate carried over to the others (``docs/LIVE_LABS.md``). Prefill and the rest
     of ``meta`` are kept; ``meta["fit"]["decode_tpot_match"]`` records the factor and the medians.
     Where the replay is already too slow at ``lowest`` or too fast at ``highest``, the factor is
     that bound."""
