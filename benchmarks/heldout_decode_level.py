@@ -46,12 +46,18 @@ def with_stall_fraction(lat: FittedLatency, fraction: float) -> FittedLatency:
     return FittedLatency(lat.prefill, lat.decode, tp=lat.tp, pp=lat.pp, meta={**lat.meta, "prefill_stall": stall.to_dict()})
 
 
-def heldout(run, mode: str, variant: dict, kw: dict) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    """(TTFT, TPOT) median errors, (simulated − live) / live, of every held-out prediction of
-    ``run``, and of each rate's run fit on its own rate (lowest rate first)."""
+def variant_probe(run, variant: dict) -> FittedLatency:
+    """``run``'s probe fit, with the variant's prefill stall where it names one."""
     probe = run.calibration.latency
     if variant.get("stall_fraction") is not None:
         probe = with_stall_fraction(probe, variant["stall_fraction"])
+    return probe
+
+
+def heldout(run, mode: str, variant: dict, kw: dict) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(TTFT, TPOT) median errors, (simulated − live) / live, of every held-out prediction of
+    ``run``, and of each rate's run fit on its own rate (lowest rate first)."""
+    probe = variant_probe(run, variant)
     held, own = [], []
     for fit_rate, recs in sorted(run.records.items()):
         fit = fit_on_run(probe, recs, mode, match_tpot=variant.get("match_tpot", True),
@@ -66,9 +72,7 @@ def heldout(run, mode: str, variant: dict, kw: dict) -> tuple[list[tuple[float, 
 
 def probe_fit_errors(run, mode: str, variant: dict, kw: dict) -> list[tuple[float, float]]:
     """(TTFT, TPOT) median errors of the probe fit itself at each rate (lab 05's goal table)."""
-    probe = run.calibration.latency
-    if variant.get("stall_fraction") is not None:
-        probe = with_stall_fraction(probe, variant["stall_fraction"])
+    probe = variant_probe(run, variant)
     out = []
     for live in run.records.values():
         sim = simulate_like_live(requests_from_records(live), mode, probe, **kw)

@@ -35,8 +35,8 @@ from pdlab.workloads import Request
 T = TypeVar("T")
 
 __all__ = ["ProbePlan", "PROBE_PLANS", "probe_prefill", "probe_decode", "decode_window", "probe_handoff",
-           "probe_contention", "while_running", "probe_admission", "prefill_stalls", "probe_prefill_stall", "calibrate", "server_context_tokens",
-           "server_kv_capacity_tokens"]
+           "probe_contention", "while_running", "probe_admission", "prefill_stalls", "probe_prefill_stall", "calibrate",
+           "server_context_tokens", "server_kv_capacity_tokens"]
 
 # ---------------------------------------------------------------------------------------------
 # Probe plans
@@ -515,7 +515,7 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
 
 def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None = None,
               proxy_url: str | None = None, seed: int = 0, meta: dict[str, Any] | None = None,
-              stall_tokens_cap: int | None = None, **bench_kwargs: Any) -> Calibration:
+              **bench_kwargs: Any) -> Calibration:
     """Probe ``url`` (prefill) and ``decode_url`` (decode; default ``url``), fit, and return the
     :class:`~pdlab.simreal.records.Calibration` (its ``latency.meta`` carries the measurements too).
 
@@ -527,8 +527,7 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     ``admission``). With one server, what a prefill costs the streams it decodes
     (:func:`probe_prefill_stall`, fitted by :func:`~pdlab.simreal.calibrate.fit_prefill_stall`:
     ``prefill_stall``), where the plan has stall rounds; its streams decode long enough, by the
-    decode fit, to span every prefill (``stall_tokens_cap`` at most: the server's context less
-    the prompt).
+    decode fit, to span every prefill (at most the server's context less the prompt).
     ``plan`` is a :class:`ProbePlan` or a key of :data:`PROBE_PLANS`.
     """
 
@@ -562,19 +561,18 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     link = fit_handoff(handoff, lat) if proxy_url else None
     stall = None
     if plan.stall_rounds and (not decode_url or decode_url == url):
-        stall = _probe_and_fit_stall(url, plan, lat, seed=seed + 6, tokens_cap=stall_tokens_cap, **bench_kwargs)
+        stall = _probe_and_fit_stall(url, plan, lat, seed=seed + 6, **bench_kwargs)
     return Calibration(lat, pre, dec, handoff, kv_link=link, contention=contention, admission=admission,
                        seconds=time.perf_counter() - t0, prefill_stall=stall)
 
 
-def _probe_and_fit_stall(url: str, plan: ProbePlan, lat: Any, *, seed: int, tokens_cap: int | None,
-                         **bench_kwargs: Any) -> PrefillStall:
+def _probe_and_fit_stall(url: str, plan: ProbePlan, lat: Any, *, seed: int, **bench_kwargs: Any) -> PrefillStall:
     """:func:`probe_prefill_stall` with ``plan``'s stall settings, its streams long enough by the
     decode fit ``lat`` (1.5× the window, at the context they reach), fitted on ``lat``."""
     lengths = [int(p) for p in plan.stall_lengths] * plan.stall_per_length
     spacing_s, start_s, prompt = 0.25, 1.0, 256
     window_s = start_s + len(lengths) * spacing_s + 0.5
-    cap = tokens_cap or (server_context_tokens(url) or 2048) - prompt - 1
+    cap = (server_context_tokens(url) or 2048) - prompt - 1
     step = lat.step_time_s(0, 0.0, plan.stall_streams, plan.stall_streams * (prompt + cap // 2))
     tokens = int(min(cap, max(64, 1.5 * window_s / max(step, 1e-4))))
     rows = probe_prefill_stall(url, lengths, streams=plan.stall_streams, stream_prompt=prompt, stream_tokens=tokens,

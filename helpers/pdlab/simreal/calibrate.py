@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -894,6 +894,21 @@ def scale_decode_on_run(latency: FittedLatency, records: Sequence[RequestRecord]
         "source": "the probe's decode row, scaled to the live run's quiet steps"})
 
 
+def _bisect_to_match(too_fast: Callable[[float], bool], lowest: float, highest: float, iterations: int) -> float:
+    """The value in [``lowest``, ``highest``] where a replay that slows as the value grows stops
+    being ``too_fast`` (bisection, ``iterations`` halvings); a bound where the replay is too slow
+    already at ``lowest`` (``lowest``) or still too fast at ``highest`` (``highest``)."""
+    lo, hi = lowest, highest
+    if not too_fast(lo):
+        hi = lo
+    elif too_fast(hi):
+        lo = hi
+    for _ in range(iterations if lo < hi else 0):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if too_fast(mid) else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def match_decode_to_tpot_on_run(latency: FittedLatency, records: Sequence[RequestRecord], mode: str, *,
                                 iterations: int = 12, lowest: float = 0.5, highest: float = 2.0,
                                 **sim_kwargs: Any) -> FittedLatency:
@@ -920,15 +935,7 @@ def match_decode_to_tpot_on_run(latency: FittedLatency, records: Sequence[Reques
         return float(np.median(tpot_s(simulate_like_live(reqs, mode, scaled(f), **sim_kwargs))))
 
     before = replay_tpot(1.0)
-    lo, hi = lowest, highest
-    if replay_tpot(lo) >= live:
-        hi = lo
-    elif replay_tpot(hi) <= live:
-        lo = hi
-    for _ in range(iterations if lo < hi else 0):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if replay_tpot(mid) < live else (lo, mid)
-    factor = 0.5 * (lo + hi)
+    factor = _bisect_to_match(lambda f: replay_tpot(f) < live, lowest, highest, iterations)
     return scaled(factor, {**latency.meta, "fit": {**latency.meta.get("fit", {}), "decode_tpot_match": {
         "factor": factor, "live_tpot_p50_s": live, "replay_tpot_p50_before_s": before,
         "source": "live run, the replay's median TPOT matched to the run's"}}})
@@ -1393,17 +1400,10 @@ def match_prefill_contention_on_run(latency: FittedLatency, records: Sequence[Re
         replay = simulate_like_live(reqs, "disaggregated", with_prefill_contention(latency, c), **sim_kwargs)
         return float(np.median(ttft_s(replay))) < live
 
-    lo, hi = 0.0, max_contention
-    if not too_fast(lo):
-        hi = 0.0
-    elif too_fast(hi):
-        lo = max_contention
-    for _ in range(iterations if lo < hi else 0):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if too_fast(mid) else (lo, mid)
-    fitted = with_prefill_contention(latency, 0.5 * (lo + hi))
+    after = _bisect_to_match(too_fast, 0.0, max_contention, iterations)
+    fitted = with_prefill_contention(latency, after)
     fitted.meta["fit"] = {**fitted.meta.get("fit", {}), "prefill_contention_match": {
-        "before": before, "after": 0.5 * (lo + hi), "live_ttft_p50_s": live,
+        "before": before, "after": after, "live_ttft_p50_s": live,
         "source": "live run, the replay's median TTFT matched to the run's"}}
     return fitted
 
