@@ -16,7 +16,7 @@ Then, over all runs:
   fitted, every other rate predicted), of both set-ups, and of both in three runs in a row
   (Monte Carlo, ``--draws``).
 
-    .venv/bin/python benchmarks/block_scatter.py build/s54a/lab05 [build/s54b/lab05 ...] [--blocks 2]
+    .venv/bin/python notes/sim-to-real/block_scatter.py build/s54a/lab05 [build/s54b/lab05 ...] [--blocks 2]
 
 Prints figures; not a test. Starts nothing.
 """

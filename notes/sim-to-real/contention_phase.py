@@ -22,9 +22,9 @@ With ``--leg`` the prefills are sent through the proxy and timed by its prefill 
 seconds the front ends and this client used per second of each busy window, and the spread per
 mode. Nothing else may run meanwhile: a test suite on the other core doubled single prefills.
 
-    .venv/bin/python benchmarks/contention_phase.py [--rounds 6] [--repeats 3]
-    .venv/bin/python benchmarks/contention_phase.py --rounds 4 --long-streams 1,2 --via-proxy --renewed --leg
-    .venv/bin/python benchmarks/contention_phase.py --rounds 3 --long-streams 1 --long-tokens 400 \
+    .venv/bin/python notes/sim-to-real/contention_phase.py [--rounds 6] [--repeats 3]
+    .venv/bin/python notes/sim-to-real/contention_phase.py --rounds 4 --long-streams 1,2 --via-proxy --renewed --leg
+    .venv/bin/python notes/sim-to-real/contention_phase.py --rounds 3 --long-streams 1 --long-tokens 400 \
         --renewed-tokens 64,256 --leg --settle 2.5      # a stream's age: --settle 0.5 against 2.5
 
 Prints figures; not a test. Starts and stops its own servers (nothing is left running).

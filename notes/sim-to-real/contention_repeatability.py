@@ -9,7 +9,7 @@ model, prefill engine on core 0, decode engine on core 1, front ends and this cl
 and runs the probe ``--rounds`` times with each of ``--repeats`` (interleaved, so drift hits
 both alike), printing every c_p, the spread per setting, and each prefill sample while busy.
 
-    .venv/bin/python benchmarks/contention_repeatability.py [--rounds 8] [--repeats 3 9]
+    .venv/bin/python notes/sim-to-real/contention_repeatability.py [--rounds 8] [--repeats 3 9]
 
 Prints figures; not a test. Starts and stops its own servers (nothing is left running).
 """

@@ -13,7 +13,7 @@ seconds every thread of every process used during the run, and on which core eac
 (``/proc/PID/task/TID/stat``: utime + stime, field 39). If B brings the ratio to ~1, the bias is
 other processes running on the decode core; if not, it is work inside the decode process.
 
-    .venv/bin/python benchmarks/decode_bias_ab.py [--rate 3.0] [--requests 30] [--rounds 2]
+    .venv/bin/python notes/sim-to-real/decode_bias_ab.py [--rate 3.0] [--requests 30] [--rounds 2]
 
 Prints figures; not a test. Starts and stops its own servers (nothing is left running).
 """

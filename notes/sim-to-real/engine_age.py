@@ -22,7 +22,7 @@ both; an older engine slows the probes alone), the servers' minor page faults du
 (first touches of memory, which a young engine pays and an old one does not) and their resident
 memory, then per life the last rounds against the first.
 
-    .venv/bin/python benchmarks/engine_age.py [--lives 2] [--rounds 8] [--rate 2.2]
+    .venv/bin/python notes/sim-to-real/engine_age.py [--lives 2] [--rounds 8] [--rate 2.2]
 
 Prints figures; not a test. Starts and stops its own server (nothing is left running).
 """

@@ -23,7 +23,7 @@ core 1) and repeats rounds for ``--seconds``: ``machine_steadiness.py``'s two ke
   bound on the floor: a lab 05 block averages hundreds of steps, a round's probe a few dozen, so
   the probe's own noise (printed: a round's two decode probes against each other) counts too.
 
-    .venv/bin/python benchmarks/engine_steadiness.py [--seconds 420] [--window 30]
+    .venv/bin/python notes/sim-to-real/engine_steadiness.py [--seconds 420] [--window 30]
         [--rates 2.7 5.5 8.2] [--out rows.json]
 
 Prints figures; not a test. Starts and stops its own server (nothing is left running).

@@ -17,7 +17,7 @@ Records that carry the proxy's prefill leg (``extra["prefill_leg_s"]``, the ``X-
 header, kept since 2026-12-05) split the pair's shift into the prefill side (prefill leg − the
 replay's arrival → KV pull) and the hand-off side (the rest − the replay's KV pull → first token).
 
-    .venv/bin/python benchmarks/handoff_by_idle_gap.py build/lab05/ci [build/lab05_s48a ...]
+    .venv/bin/python notes/sim-to-real/handoff_by_idle_gap.py build/lab05/ci [build/lab05_s48a ...]
 
 Prints figures; not a test. Starts nothing.
 """

@@ -20,7 +20,7 @@ each inside the engines' TTFT breakdown (:class:`pdlab.serve.ttft.BreakdownWindo
 parts say where in the hand-off the time goes (decode front end, decode queue, KV transfer,
 decode first step).
 
-    .venv/bin/python benchmarks/handoff_probe_vs_workload.py [--rounds 3] [--rate 2.6] [--requests 60]
+    .venv/bin/python notes/sim-to-real/handoff_probe_vs_workload.py [--rounds 3] [--rate 2.6] [--requests 60]
 
 Prints figures; not a test. Starts and stops its own servers (nothing is left running).
 """

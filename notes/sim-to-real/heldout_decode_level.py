@@ -9,7 +9,7 @@ in two variants per set-up:
   2026-12-05) and matched to the fit rate's median TPOT (the default since);
 - colocated: the profile as it was saved, and with a prefill stall (``--stall-fraction F``: the
   engine's fixed part of a prompt's step is F × (a_p − a_d), the rest off-engine; runs saved before
-  the stall probe have none, and ``benchmarks/prefill_stall.py`` measured F of about 0.3–0.5 on
+  the stall probe have none, and ``notes/sim-to-real/prefill_stall.py`` measured F of about 0.3–0.5 on
   the course's VM). Without ``--stall-fraction`` both colocated variants are the saved profile.
 
 It prints per run, set-up and variant how many of the held-out predictions have both medians (TTFT
@@ -17,7 +17,7 @@ and TPOT) within 10 %, TPOT and TTFT alone, and the errors; then the totals, the
 median errors at each rate (lab 05's goal table), and each rate's run fit replaying its own rate
 (what the model misses with the rate's own levels), averaged over the runs.
 
-    .venv/bin/python benchmarks/heldout_decode_level.py build/s53a/lab05 [build/s53b/lab05 ...]
+    .venv/bin/python notes/sim-to-real/heldout_decode_level.py build/s53a/lab05 [build/s53b/lab05 ...]
         [--stall-fraction 0.4]
 
 Prints figures; not a test. Starts nothing.

@@ -19,7 +19,7 @@ time ratio, share of long gaps and of the excess they carry, stall seconds per r
 that arrived in merged chunks), and the CPU each role used. If B removes the tail, it is the
 front ends waiting for the prefill core, not the decode engine; if not, it is on the decode side.
 
-    .venv/bin/python benchmarks/pair_tail_ab.py [--rate 7.0] [--requests 30] [--rounds 2]
+    .venv/bin/python notes/sim-to-real/pair_tail_ab.py [--rate 7.0] [--requests 30] [--rounds 2]
 
 Prints figures; not a test. Starts and stops its own servers (nothing is left running); needs the
 right to lower a niceness again (root or CAP_SYS_NICE), and says so before it changes anything.
@@ -32,7 +32,7 @@ import contextlib
 import os
 
 import numpy as np
-from decode_bias_ab import _cpu_table, _roles, _snapshot  # noqa: I001  (a sibling script: benchmarks/ is on sys.path)
+from decode_bias_ab import _cpu_table, _roles, _snapshot  # noqa: I001  (a sibling script: its folder is on sys.path)
 from pdlab.metrics import tpot_s, ttft_s
 from pdlab.process import thread_ids
 from pdlab.serve import DeployPorts, disaggregated

@@ -31,7 +31,7 @@ It prints, per fit rate, ``c_p``, how many requests set it, the streams a waitin
 (live, per rate) and ``c_p`` per stream; then per variant how many held-out predictions have
 both medians (TTFT, TPOT) within 10 %, TTFT within 10 %, and the mean |TTFT error|.
 
-    .venv/bin/python benchmarks/prefill_contention_transfer.py build/lab05/ci [build/lab05_2 ...]
+    .venv/bin/python notes/sim-to-real/prefill_contention_transfer.py build/lab05/ci [build/lab05_2 ...]
         [--prior-requests 10]
 
 Prints figures; not a test. Starts nothing. The run fit is lab 05's (``fit_on_run``) for the pair

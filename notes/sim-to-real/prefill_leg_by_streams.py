@@ -13,7 +13,7 @@ Printed per rate and by the number of other requests already streaming when the 
 A part the model has right stays near 0 whatever the streams; a part that grows with them is load
 the model spreads evenly over time but a request meets at its arrival.
 
-    .venv/bin/python benchmarks/prefill_leg_by_streams.py build/lab05/ci [build/lab05_s49a ...]
+    .venv/bin/python notes/sim-to-real/prefill_leg_by_streams.py build/lab05/ci [build/lab05_s49a ...]
 
 Prints figures; not a test. Starts nothing.
 """

@@ -29,7 +29,7 @@ predict: the simulator's old one (``a_p − a_d + b_p·P + c_p·P²``), an engin
 (``fixed_s + b_p·P + c_p·P²``, ``fixed_s`` from its short-prompt stall probe,
 ``pdlab.simreal.calibrate.fit_prefill_stall``), then a fit of the stall over the lengths.
 
-    .venv/bin/python benchmarks/prefill_stall.py [--rounds 6] [--streams 4]
+    .venv/bin/python notes/sim-to-real/prefill_stall.py [--rounds 6] [--streams 4]
 
 Prints figures; not a test. Starts and stops its own server (nothing is left running).
 """

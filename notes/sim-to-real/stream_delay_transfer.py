@@ -1,7 +1,7 @@
 """Does a delay per stream met on arrival transfer between rates? (issue 26, offline on lab 05's output)
 
 On s49a the pair's prefill side, live − the run fit's replay, grew with the streams a request met
-on arrival (``benchmarks/prefill_leg_by_streams.py``). This fits, on each rate of a lab 05 run,
+on arrival (``notes/sim-to-real/prefill_leg_by_streams.py``). This fits, on each rate of a lab 05 run,
 live − replayed TTFT of every request as a + b × (streams on arrival), a least-absolute-deviation
 line, and predicts the run's other rates with lab 05's run fit plus that delay per request: each
 request reaches the simulated engine a + b × (streams on arrival in the replay) later, three
@@ -9,7 +9,7 @@ replays to a fixed point, TTFT counted from its send. Prints a and b per fit rat
 and over all, the held-out predictions with both medians within 10 % and the mean |TTFT error|,
 lab 05's run fit beside it.
 
-    .venv/bin/python benchmarks/stream_delay_transfer.py build/lab05/ci [build/lab05_s49a ...]
+    .venv/bin/python notes/sim-to-real/stream_delay_transfer.py build/lab05/ci [build/lab05_s49a ...]
 
 Prints figures; not a test. Starts nothing.
 """

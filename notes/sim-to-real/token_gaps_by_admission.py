@@ -13,7 +13,7 @@ care: there an admission is a prefill inside the streams' step, and the live sta
 in the neighbouring gaps (s53a–c: live +21 to +26 ms, the replay +44 to +47 ms, while the same
 rate's mean TPOT agreed within 10 %), so only the totals compare.
 
-    .venv/bin/python benchmarks/token_gaps_by_admission.py build/s53a/lab05 [build/s53b/lab05 ...]
+    .venv/bin/python notes/sim-to-real/token_gaps_by_admission.py build/s53a/lab05 [build/s53b/lab05 ...]
         [--setup disaggregated] [--slack-ms 2]
 
 Prints figures; not a test. Starts nothing.
