@@ -1,8 +1,8 @@
-"""Why does the colocated decode step jump between two levels within one run? (issue 26)
+"""Why does the colocated decode step jump between two levels within one run?
 
 Lab 05's colocated server (the tiny course model, vLLM's CPU engine with its OpenMP threads bound
 to both cores, ``VLLM_CPU_OMP_THREADS_BIND=0-1``) shares those two cores with its own API server
-and with the benchmark client. In this session's lab 05 runs its token gaps, cut into 5-s
+and with the benchmark client. In lab 05 runs its token gaps, cut into 5-s
 windows, sat at one level in some windows and at about twice it in others (``step_ratio_windows``:
 highest ÷ lowest window 1.5–1.9× within one run; the disaggregated decode role, alone on its
 core, 1.03–1.09×). This benchmark runs lab 05's ShareGPT workload at one rate in two layouts

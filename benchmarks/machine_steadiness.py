@@ -1,4 +1,4 @@
-"""Does this machine run the same work at the same speed from one window to the next? (issue 26)
+"""Does this machine run the same work at the same speed from one window to the next?
 
 Lab 05 cuts a run's quiet decode steps into windows of a few seconds (``step_ratio_windows``) and
 finds the live ÷ fitted step moving by 10–15% from one 10-s window to the next, with no trend,

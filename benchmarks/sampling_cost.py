@@ -1,4 +1,4 @@
-"""What does random sampling cost against greedy decoding on the course's CPU server? (issue 26)
+"""What does random sampling cost against greedy decoding on the course's CPU server?
 
 ``vllm bench serve`` (vLLM 0.32) no longer sends ``temperature`` unless told, so its requests
 sample at the server's default temperature (1.0 for the course's model), while ``pdlab bench``

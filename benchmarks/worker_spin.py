@@ -1,4 +1,4 @@
-"""How much of a vLLM CPU worker's "busy" core is waiting, not working? (issue 26)
+"""How much of a vLLM CPU worker's "busy" core is waiting, not working?
 
 vLLM's engine core hands each step to its worker through a shared-memory ring buffer
 (``vllm/distributed/device_communicators/shm_broadcast.py``, ``SpinCondition``). After every read
