@@ -297,27 +297,21 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
          "every request, long ones included": mean_us(ok2)})
 
     # ---- lab06
-    from pdlab.metrics import RequestRecord
     from pdlab.serve.faults import FAULTS, FaultOutcome
 
-    refused = [RequestRecord(100 + k, 0.1 * k, 64, 8, ok=False, error="HTTP 503: admission") for k in range(3)]
-    orecs = recs + refused
-    loose = SLO(ttft_s=0.3, tpot_s=0.06)
-    adm = [r for r in orecs if r not in refused]
-
-    def meets(r, s):
-        return r.ok and r.ttft_s <= s.ttft_s and (r.tpot_s is None or r.tpot_s <= s.tpot_s)
-
-    add(lab06.check_admitted_attainment, (orecs, loose), sum(meets(r, loose) for r in adm) / len(adm),
-        {"refused counted as misses": sum(meets(r, loose) for r in orecs) / len(orecs),
-         "the run's tighter SLO": sum(meets(r, SLO(ttft_s=0.15, tpot_s=0.06)) for r in adm) / len(adm),
-         "TTFT only": sum(r.ok and r.ttft_s <= 0.3 for r in adm) / len(adm)})
+    # prefill 20 ms short, 180 ms long, one in two long: mean 100 ms → 10 req/s
+    add(lab06.check_prefill_bound_rps, (0.020, 0.180, 2), 10.0,
+        {"the long prompt only": 1 / 0.180, "the short prompt only": 1 / 0.020,
+         "one in three long": 1 / ((0.180 + 2 * 0.020) / 3), "the mean time, not a rate": 0.100})
     outs = [FaultOutcome(f, p, c, 1.0, None, False, 0, True) for f, p, c in
             [(FAULTS[0], "recompute", "left"), (FAULTS[2], "recompute", "sse error"),
              (FAULTS[3], "recompute", "answer"), (FAULTS[4], "recompute", "answer"), (FAULTS[3], "fail", "sse error")]]
-    add(lab06.check_faults_answered, (outs, "recompute"), sorted([FAULTS[3], FAULTS[4]]),
-        {"the client that left counted": sorted([FAULTS[0], FAULTS[3], FAULTS[4]]), "every fault": list(FAULTS),
-         "none": []})
+    truth = {FAULTS[0]: False, FAULTS[2]: False, FAULTS[3]: True, FAULTS[4]: True}
+    add(lab06.check_recompute_prediction, (outs, "recompute"), truth,
+        {"the client that left counted as answered": {**truth, FAULTS[0]: True},
+         "the fail policy's outcome": {**truth, FAULTS[3]: False},
+         "every fault answered": dict.fromkeys(truth, True), "a fault left out": {FAULTS[3]: True, FAULTS[4]: True},
+         "a fault the run did not inject": {**truth, FAULTS[1]: False}})
 
     # ---- lab07
     from pdlab.workloads import Request

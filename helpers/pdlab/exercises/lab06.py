@@ -2,32 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 
 from pdlab.exercises import CheckResult, check_close, check_true
-from pdlab.metrics import SLO, RequestRecord, slo_attainment
-from pdlab.serve.overload import is_rejected
 
-__all__ = ["check_admitted_attainment", "check_faults_answered"]
+__all__ = ["check_prefill_bound_rps", "check_recompute_prediction"]
 
 
-def check_admitted_attainment(value, records: Sequence[RequestRecord], slo: SLO) -> CheckResult:
-    """Exercise 1: the share (0–1) of the *admitted* requests of a run that met ``slo`` (TTFT and
-    TPOT). Requests the front door refused (HTTP 503) are left out; an admitted request that failed
-    later counts as a miss."""
-    expected = slo_attainment([r for r in records if not is_rejected(r)], slo)
-    return check_close("Exercise 1", value, expected, rel_tol=1e-6,
-                       hint="Leave out the requests refused with HTTP 503; of the rest, a request meets the SLO "
-                            "when it completed with TTFT ≤ the TTFT bound and TPOT ≤ the TPOT bound (a "
-                            "single-token answer has no TPOT). Use the looser SLO, not the run's.")
+def check_prefill_bound_rps(value, short_prefill_s: float, long_prefill_s: float, long_every: int) -> CheckResult:
+    """Exercise 2: the highest arrival rate (req/s) the prefill server alone could sustain on the overload
+    workload (one request in ``long_every`` has the long prompt, the others the short one), from the
+    fitted unloaded prefill times in seconds: utilisation 1 at rate ``1 / mean prefill time``."""
+    if min(short_prefill_s, long_prefill_s) <= 0 or long_every < 1:
+        raise ValueError(f"prefill times must be > 0 s and long_every ≥ 1, got {short_prefill_s}, "
+                         f"{long_prefill_s}, {long_every}")
+    mean_s = (long_prefill_s + (long_every - 1) * short_prefill_s) / long_every
+    return check_close("Exercise 2", value, 1.0 / mean_s, rel_tol=1e-3, unit="req/s",
+                       hint="The prefill server is busy t_p(l) seconds per request: average t_p over the mix "
+                            "(one long prompt in long_every), then the rate that keeps it busy all the time is "
+                            "1 / that mean. Use prefill_model.time_s, in seconds.")
 
 
-def check_faults_answered(value, outcomes: Iterable, policy: str) -> CheckResult:
-    """Exercise 2: the set of faults after which the client still got the full answer under ``policy``
-    (``outcomes``: :class:`pdlab.serve.faults.FaultOutcome` rows)."""
-    expected = sorted({o.fault for o in outcomes if o.policy == policy and o.client == "answer"})
-    got = None if value is None else sorted(set(value))
-    return check_true("Exercise 2", got, got == expected, expected=expected, choice=True,
-                      good=f"{len(expected)} of the faults left the client with its full answer under {policy!r}",
-                      bad="Not that set: read the client column of the table for this policy; 'left' is the "
-                          "client that hung up, not an answer.")
+def check_recompute_prediction(value: Mapping[str, bool] | None, outcomes: Iterable, policy: str) -> CheckResult:
+    """Exercise 1: a prediction, for every fault the matrix ran, of whether the client ends with its full
+    answer (True) or not (False) under ``policy``; graded against the run's
+    :class:`pdlab.serve.faults.FaultOutcome` rows."""
+    expected = {o.fault: o.client == "answer" for o in outcomes if o.policy == policy}
+    got = None if value is None else {str(k): bool(v) for k, v in dict(value).items()}
+    wrong = [] if got is None else sorted(f for f in expected if got.get(f) != expected[f])
+    extra = [] if got is None else sorted(set(got) - set(expected))
+    ok = got is not None and not wrong and not extra
+    return check_true("Exercise 1", got, ok, expected=expected, choice=True,
+                      good=f"all {len(expected)} predictions match the run under {policy!r}",
+                      bad=(f"the run disagrees on: {', '.join(wrong) or 'none'}"
+                           + (f"; not faults of this run: {', '.join(extra)}" if extra else "")
+                           + ". Ask for each fault: is the KV (or the stream) the client needs still there, and "
+                             "does the policy let the decode make it again?"))
