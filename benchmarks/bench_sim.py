@@ -16,7 +16,7 @@ Targets (2-core machine):
 
 Peer mode (``--peer dynamo``, issue #22): the same trace through pdlab and through NVIDIA Dynamo's
 Rust replay (``dynamo.replay.run_trace_replay``, in ``.venv-peers``, see scripts/install_peers.sh)
-with matched settings (:class:`pdlab.sim.peers.PeerSettings`: 8 colocated or 4 + 4 TP-4
+with matched settings (:class:`pdlab.peers.PeerSettings`: 8 colocated or 4 + 4 TP-4
 Llama-3-70B workers on H100, 512-token KV/prefix blocks, prefix caching, round robin, 256
 sequences and 8,192 tokens per pass, chunked prefill, KV over InfiniBand NDR) and our roofline
 converted into Dynamo's profile tables. It prints both wall times (best of ``--repeat``), their
@@ -28,7 +28,7 @@ ratio, TTFT/TPOT/ITL p50 and p90 side by side, and the mechanism behind each dif
 Planner mode (``--peer-planner``, issue #22): the P:D split NVIDIA Dynamo's planner chooses in its
 offline replay (disaggregated, starting at 2 + 2 TP-4 workers, the mocker timed by the same
 converted profile) beside ``pdlab place``'s Alg. 1 for TP-4 on the same trace slice, rate and SLOs
-(:mod:`pdlab.sim.dynamo_planner`). Dynamo's SLA target needs ``aisimulate_core``, which cannot be
+(:mod:`pdlab.peers.dynamo_planner`). Dynamo's SLA target needs ``aisimulate_core``, which cannot be
 installed here, so that row says so; its threshold target runs::
 
     .venv/bin/python benchmarks/bench_sim.py --peer-planner                 # 600 requests, TTFT 10 s, ITL 50 ms
@@ -121,7 +121,7 @@ PEER_ABLATIONS = {
 
 def _peer_pair(reqs, trace, settings, tmp, repeat: int):
     """(pdlab result, Dynamo result), each the best wall time of ``repeat`` runs."""
-    from pdlab.sim import peers
+    from pdlab import peers
 
     ours = min((peers.run_pdlab(reqs, settings) for _ in range(repeat)), key=lambda r: r["wall_s"])
     theirs = min((peers.run_dynamo(trace, settings, tmp) for _ in range(repeat)), key=lambda r: r["wall_s"])
@@ -136,7 +136,7 @@ def bench_peer(peer: str, repeat: int, limit: int | None = None, max_batched_tok
     import tempfile
     from pathlib import Path
 
-    from pdlab.sim import peers
+    from pdlab import peers
     from pdlab.workloads import mooncake_trace_path, read_mooncake_jsonl
 
     if peer != "dynamo":
@@ -184,8 +184,8 @@ def bench_peer_planner(limit: int = 600, ttft_s: float = 10.0, itl_s: float = 0.
     from pathlib import Path
 
     from pdlab.metrics import SLO
-    from pdlab.sim import dynamo_planner as dp
-    from pdlab.sim import peers
+    from pdlab.peers import dynamo_planner as dp
+    from pdlab import peers
     from pdlab.workloads import mooncake_trace_path
 
     slo = SLO(ttft_s=ttft_s, tpot_s=itl_s)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The peer tools the course compares itself with, in their OWN virtual environment (.venv-peers):
 # NVIDIA Dynamo's offline trace replay (`dynamo.replay.run_trace_replay`, its Rust mocker) and
-# vLLM's router (`vllm-router`). pdlab calls them through a subprocess (pdlab.sim.peers runs
-# helpers/pdlab/sim/dynamo_replay.py with this environment's python and reads JSON back), so
+# vLLM's router (`vllm-router`). pdlab calls them through a subprocess (pdlab.peers.dynamo_compare runs
+# helpers/pdlab/peers/dynamo_replay.py with this environment's python and reads JSON back), so
 # nothing here is imported into the project's .venv.
 #
 # Why a separate environment (conflicts measured with ai-dynamo 1.6.1 against the project venv):
@@ -17,7 +17,7 @@
 #   numpy, which the mocker imports to read a latency profile (--planner-profile-data, lab 07).
 #   transformers, redis, zmq, … serve Dynamo's live planner and real engine workers, which
 #   this environment does not provide.
-# - Dynamo's planner in the offline replay (pdlab.sim.dynamo_planner, helpers/pdlab/sim/dynamo_planner_replay.py)
+# - Dynamo's planner in the offline replay (pdlab.peers.dynamo_planner, helpers/pdlab/peers/dynamo_planner_replay.py)
 #   imports and uses scikit-learn, pandas, plotly, prometheus_client and kubernetes (<33, ai-dynamo's pin):
 #   installed here. Its SLA target also needs aisimulate_core (inside the aisimulate stub above): not
 #   installable, so that target is reported unavailable; the modules it only imports are stubbed by the runner.

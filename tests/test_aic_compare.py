@@ -1,7 +1,7 @@
-"""pdlab.simreal.aic_compare: pdlab's analytic latency against AIConfigurator (skipped without the `aic` extra)."""
+"""pdlab.peers.aic_compare: pdlab's analytic latency against AIConfigurator (skipped without the `aic` extra)."""
 
 import pytest
-from pdlab.simreal.aic_compare import (
+from pdlab.peers.aic_compare import (
     REFERENCE_POINTS,
     aic_available,
     aic_comparison,
@@ -33,7 +33,7 @@ def test_aic_reference_point_and_table():
 
 
 def test_missing_aiconfigurator_is_a_clear_error(monkeypatch):
-    import pdlab.simreal.aic_compare as ac
+    import pdlab.peers.aic_compare as ac
 
     monkeypatch.setattr(ac, "aic_available", lambda: False)
     with pytest.raises(ImportError, match="pip install"):

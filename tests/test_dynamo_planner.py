@@ -1,4 +1,4 @@
-"""pdlab.sim.dynamo_planner: Dynamo's offline planner config, report parsing, and one real planner
+"""pdlab.peers.dynamo_planner: Dynamo's offline planner config, report parsing, and one real planner
 replay on a small slice (skipped without .venv-peers or the planner's dependencies)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 from pdlab.metrics import SLO
-from pdlab.sim import dynamo_planner as dp
-from pdlab.sim.peers import PeerSettings, peers_python, write_trace_slice
+from pdlab.peers import dynamo_planner as dp
+from pdlab.peers.dynamo_compare import PeerSettings, peers_python, write_trace_slice
 from pdlab.workloads import mooncake_trace_path
 
 DISAGG = PeerSettings(mode="disaggregated", prefill=2, decode=2)

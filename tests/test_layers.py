@@ -30,14 +30,14 @@ LAYERS: dict[str, int] = {
     "pdlab.sim": 3,
     # 4 — built on the simulator: schedulers (queueing check, placement, Conductor, pools), the
     # router's simulation and policies, calibration fits, sim-vs-real statistics
-    "pdlab.sched": 4, "pdlab.sched.deploy_export": 4,  # placements written as Dynamo / llm-d deployments
+    "pdlab.sched": 4,  # also deploy_export: placements written as Dynamo / llm-d deployments
     "pdlab.router": 4, "pdlab.router.sim": 4, "pdlab.router.policies": 4,
     # sim-to-real: typed calibration records, pure fits and replays (the live probes are pdlab.serve.probes),
     # sim-vs-real statistics, AIConfigurator comparison, the GPU profile (measure and fit sim latency)
     "pdlab.simreal": 4,
-    "pdlab.sim.dynamo_planner": 4,  # Dynamo's planner in its replay beside pdlab place (uses sched.placement)
-    # 5 — live serving (serve/: engines, proxy, bench client, streaming, model building), router server and client
-    "pdlab.serve": 5, "pdlab.router.server": 5, "pdlab.router.client": 5,
+    # 5 — live serving (serve/: engines, client, measure, experiments), router server and client; the
+    # course beside peer tools (peers/: Dynamo's replay and planner, AIConfigurator), built on sched and simreal
+    "pdlab.serve": 5, "pdlab.router.server": 5, "pdlab.router.client": 5, "pdlab.peers": 5,
     # 6 — course, widgets, exercises, cli
     "pdlab.course": 6, "pdlab.widgets": 6, "pdlab.exercises": 6, "pdlab.cli": 6,
 }
@@ -97,6 +97,72 @@ def test_no_module_imports_a_layer_above_its_own():
             if layer_of(dep) > mine:
                 upward.append(f"{name} (layer {mine}) imports {dep} (layer {layer_of(dep)})")
     assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+def _subpackage(module: str) -> str:
+    """``pdlab.sim.engine`` → ``pdlab.sim``; a top-level module (``pdlab.models``) is its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def subpackage_graph() -> dict[str, set[str]]:
+    """Which subpackages each subpackage imports (lazy imports included; the root ``pdlab`` left out)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        name = _module_name(path)
+        if name == "pdlab":
+            continue
+        mine = _subpackage(name)
+        deps = graph.setdefault(mine, set())
+        deps.update(_subpackage(d) for d in pdlab_imports(path) if d != "pdlab" and _subpackage(d) != mine)
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph``: each strongly connected set of more than one node (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in sorted(graph.get(node, ())):
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                members.append(top)
+                if top == node:
+                    break
+            if len(members) > 1:
+                circles.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(circles)
+
+
+def test_no_import_circle_between_subpackages():
+    circles = import_circles(subpackage_graph())
+    assert not circles, "subpackages that import each other (directly or round a circle):\n" + "\n".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_circle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+    assert "pdlab.sim" in subpackage_graph()["pdlab.sched"]
 
 
 def test_transfer_imports_nothing_from_serve():

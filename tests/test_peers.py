@@ -1,4 +1,4 @@
-"""pdlab.sim.peers: settings conversion to Dynamo's replay, the profile tables, the side-by-side
+"""pdlab.peers.dynamo_compare: settings conversion to Dynamo's replay, the profile tables, the side-by-side
 table; and one real Dynamo replay on a slice of the Mooncake trace when .venv-peers exists."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pdlab.sim import ConstantLatency, FittedLatency, peers
-from pdlab.sim.peers import PeerSettings
+from pdlab import peers
+from pdlab.peers.dynamo_compare import PeerSettings
+from pdlab.sim import ConstantLatency, FittedLatency
 
 FITTED = FittedLatency(prefill=(0.01, 2e-5, 1e-9), decode=(0.008, 1e-7, 2e-4))
 

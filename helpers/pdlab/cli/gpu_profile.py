@@ -42,6 +42,7 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pdlab.peers.aic_compare import add_aiconfigurator
     from pdlab.simreal.gpu_profile import PARTS, handoff_rows, roofline_rows, run_gpu_profile, step_rows
 
     if args.annotate:
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     command = "pdlab gpu-profile " + " ".join(getattr(args, "argv", None) or sys.argv[1:])
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     profile = run_gpu_profile(args.size, args.out, device=args.device, parts=parts, name=args.name,
-                              command=command.strip(), keep_going=not args.strict, progress=progress)
+                              command=command.strip(), keep_going=not args.strict, progress=progress,
+                              annotate=lambda gp: add_aiconfigurator(gp, progress=progress))
     lines = [f"{profile.label}: {profile.data['seconds']:.1f} s"]
     for r in roofline_rows(profile):
         spec = f" (datasheet {r['datasheet']:.4g}, {r['measured / datasheet']:.0%})" if r["datasheet"] else ""
@@ -80,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
 def _annotate(args: argparse.Namespace) -> int:
     import json
 
-    from pdlab.simreal.gpu_profile import add_aiconfigurator, load_gpu_profile
+    from pdlab.peers.aic_compare import add_aiconfigurator
+    from pdlab.simreal.gpu_profile import load_gpu_profile
 
     profile = load_gpu_profile(args.annotate)
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -6,7 +6,14 @@
 - :mod:`pdlab.sched.pools` — Splitwise's heterogeneous prefill/decode pools and the decision guide.
 - :mod:`pdlab.sched.deploy_export` — a placement written as a Dynamo DynamoGraphDeployment or llm-d overlays.
 
-Import the submodules; nothing is imported here.
+The names of every submodule are re-exported here; nothing runs at import time.
 """
 
-__all__: list[str] = []
+from pdlab.sched import conductor, deploy_export, placement, pools, queueing
+from pdlab.sched.conductor import *  # noqa: F403 - the names listed in conductor.__all__
+from pdlab.sched.deploy_export import *  # noqa: F403 - the names listed in deploy_export.__all__
+from pdlab.sched.placement import *  # noqa: F403 - the names listed in placement.__all__
+from pdlab.sched.pools import *  # noqa: F403 - the names listed in pools.__all__
+from pdlab.sched.queueing import *  # noqa: F403 - the names listed in queueing.__all__
+
+__all__ = [*queueing.__all__, *placement.__all__, *conductor.__all__, *pools.__all__, *deploy_export.__all__]

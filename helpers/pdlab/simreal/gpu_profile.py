@@ -19,9 +19,10 @@ and this package only:
    several batches and lengths, fitted to the simulator's latency profile
    (:func:`pdlab.sim.latency.fit_latency`, written with :func:`pdlab.sim.latency.save_profile`),
    with the analytic model's prediction of each point (:func:`pdlab.roofline.analytic.analyze`, on
-   the measured roof and on the datasheet) and AIConfigurator's where it is installed and has the
-   GPU's database (:func:`add_aiconfigurator`; it runs on a CPU, so ``pdlab gpu-profile --annotate
-   FILE`` adds it later to a profile measured on a bare GPU image).
+   the measured roof and on the datasheet). ``pdlab gpu-profile`` adds AIConfigurator's prediction
+   where it is installed and has the GPU's database (:func:`pdlab.peers.aic_compare.add_aiconfigurator`,
+   passed as ``annotate``; it runs on a CPU, so ``pdlab gpu-profile --annotate FILE`` adds it later
+   to a profile measured on a bare GPU image).
 
 Files written to ``out_dir`` (``<name>`` is the catalog GPU key, e.g. ``h200``, or ``cpu``):
 
@@ -42,7 +43,6 @@ under a minute, run by the test suite so the code path cannot rot).
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.util
 import platform
 import time
 from collections.abc import Callable, Iterable
@@ -68,7 +68,6 @@ __all__ = [
     "run_gpu_profile",
     "profile_plan",
     "save_gpu_profile",
-    "add_aiconfigurator",
     "load_gpu_profile",
     "find_gpu_profiles",
     "gpu_profile_command",
@@ -258,68 +257,6 @@ def _handoff(device: str, sizes: list[int], repeats: int, say: Callable[[str], N
     return out.result(sizes, repeats)
 
 
-def _aic_installed() -> bool:
-    try:
-        return importlib.util.find_spec("aiconfigurator") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def add_aiconfigurator(profile: GpuProfile, *, backend: str = "vllm",
-                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Fill in AIConfigurator's prediction of every step point (``aiconfigurator_s``) where it can.
-
-    Uses :func:`pdlab.simreal.aic_compare.aic_estimate` (static mode, NVIDIA's database of kernels measured
-    on that GPU): a prefill point ``(B, S)`` is the TTFT of ``B`` prompts of ``S`` tokens; a decode
-    point ``(B, C)`` the TPOT of ``B`` requests with ``C − 1`` prompt tokens and 2 output tokens (one
-    decode step at context ``C``). Only for the full Llama-3-8B on a GPU that AIConfigurator maps
-    (:data:`pdlab.simreal.aic_compare.AIC_SYSTEMS`); otherwise, or without the optional ``aic`` extra, the
-    reason is recorded. Runs on a CPU (about 5 s a point), so a profile measured on a bare GPU
-    image can be annotated later: ``pdlab gpu-profile --annotate FILE``. Returns ``data["aiconfigurator"]``.
-    """
-    say = progress or (lambda msg: None)
-    data = profile.data
-    steps = data.get("steps") or {}
-    model = (steps.get("model") or {})
-    gpu = data["device"].get("catalog_gpu")
-
-    def skip(reason: str) -> dict[str, Any]:
-        data["aiconfigurator"] = {"available": False, "reason": reason}
-        return data["aiconfigurator"]
-
-    if not _aic_installed():
-        return skip("aiconfigurator is not installed (optional extra: pip install -e '.[aic]')")
-    from pdlab.simreal.aic_compare import AIC_MODELS, AIC_SYSTEMS
-
-    if not steps.get("points"):
-        return skip("no step points to predict")
-    from pdlab.models import get_model
-
-    full = get_model("llama-3-8b")
-    if model.get("name") != full.name or model.get("num_layers") != full.num_layers or "llama-3-8b" not in AIC_MODELS:
-        return skip(f"AIConfigurator models whole catalog models; this profile timed {model.get('name')!r}")
-    if gpu not in AIC_SYSTEMS:
-        return skip(f"AIConfigurator has no database for {data['device'].get('name')!r} (maps {', '.join(AIC_SYSTEMS)})")
-    from pdlab.simreal.aic_compare import aic_available, aic_estimate
-
-    if not aic_available():
-        return skip("aiconfigurator is installed but does not import")
-    version = None
-    for p in steps["points"]:
-        if p["phase"] == "prefill":
-            r = aic_estimate("llama-3-8b", gpu, batch=p["batch"], isl=p["tokens"], osl=2, tp=1, backend=backend)
-            p["aiconfigurator_s"] = r["ttft_ms"] / 1e3
-        else:
-            r = aic_estimate("llama-3-8b", gpu, batch=p["batch"], isl=max(1, p["context"] - 1), osl=2, tp=1,
-                             backend=backend)
-            p["aiconfigurator_s"] = r["tpot_ms"] / 1e3
-        version = r.get("backend_version")
-        say(f"  AIConfigurator {p['phase']} B={p['batch']} C={p['context']}: {p['aiconfigurator_s'] * 1e3:.3f} ms")
-    data["aiconfigurator"] = {"available": True, "backend": f"{backend} {version}", "system": AIC_SYSTEMS[gpu],
-                              "mode": "static (prefill: TTFT; decode: TPOT with osl 2)"}
-    return data["aiconfigurator"]
-
-
 def _spec(catalog_gpu: str | None) -> dict[str, Any] | None:
     if not catalog_gpu:
         return None
@@ -354,7 +291,8 @@ def _predict(points: list[dict[str, Any]], model: Any, dtype: str, roof: Any, ca
 
 
 def _measure(size: str, device: str, parts: Iterable[str], name: str | None, command: str | None,
-             keep_going: bool, progress: Callable[[str], None] | None) -> tuple[dict[str, Any], Any, Any]:
+             keep_going: bool, progress: Callable[[str], None] | None,
+             annotate: Callable[[GpuProfile], Any] | None) -> tuple[dict[str, Any], Any, Any]:
     import torch
 
     from pdlab.hardware import cpu_flags, detect_device
@@ -417,8 +355,8 @@ def _measure(size: str, device: str, parts: Iterable[str], name: str | None, com
             data["steps"] = {"model": asdict(model), "dtype": dtype, "points": rows,
                              "fit": None if fitted is None else {"prefill": list(fitted.prefill),
                                                                  "decode": list(fitted.decode), **meta}}
-    if data["steps"] is not None:
-        attempt("aiconfigurator", lambda: add_aiconfigurator(GpuProfile(data), progress=say))
+    if data["steps"] is not None and annotate is not None:
+        attempt("aiconfigurator", lambda: annotate(GpuProfile(data)))
     data["seconds"] = time.perf_counter() - t0
     return data, fitted, roof
 
@@ -426,13 +364,16 @@ def _measure(size: str, device: str, parts: Iterable[str], name: str | None, com
 def run_gpu_profile(size: str = "smoke", out_dir: str | Path | None = None, *, device: str = "auto",
                     parts: Iterable[str] = PARTS, name: str | None = None, command: str | None = None,
                     keep_going: bool = False, cpu_threads: int | None = 1,
-                    progress: Callable[[str], None] | None = None) -> GpuProfile:
+                    progress: Callable[[str], None] | None = None,
+                    annotate: Callable[[GpuProfile], Any] | None = None) -> GpuProfile:
     """Measure the parts of a GPU profile on ``device``; write the files to ``out_dir`` when given.
 
     ``keep_going=True`` records a failing part under ``errors`` and goes on with the next (what a
     one-off GPU run wants); otherwise the first failure raises. On the CPU torch runs on
     ``cpu_threads`` threads (default 1; None keeps torch's setting): on cores shared with other
     jobs, a two-thread operator waits for its slower thread, and tiny steps then vary tenfold.
+    ``annotate`` is called with the profile once step times are measured (``pdlab gpu-profile`` passes
+    :func:`pdlab.peers.aic_compare.add_aiconfigurator`); without it ``aiconfigurator`` says "not run".
     """
     import torch
 
@@ -443,7 +384,7 @@ def run_gpu_profile(size: str = "smoke", out_dir: str | Path | None = None, *, d
     if device == "cpu" and cpu_threads:
         torch.set_num_threads(cpu_threads)
     try:
-        data, fitted, roof = _measure(size, device, parts, name, command, keep_going, progress)
+        data, fitted, roof = _measure(size, device, parts, name, command, keep_going, progress, annotate)
     finally:
         torch.set_num_threads(threads)
     data["device"]["torch_threads"] = cpu_threads if device == "cpu" and cpu_threads else threads

@@ -1,7 +1,7 @@
 """Run NVIDIA Dynamo's offline trace replay with its planner in the loop; print one JSON line.
 
-A standalone script for the peers environment (``.venv-peers``), like :mod:`pdlab.sim.dynamo_replay`:
-standard library and ``dynamo`` only. :mod:`pdlab.sim.dynamo_planner` runs it with a JSON request on
+A standalone script for the peers environment (``.venv-peers``), like :mod:`pdlab.peers.dynamo_replay`:
+standard library and ``dynamo`` only. :mod:`pdlab.peers.dynamo_planner` runs it with a JSON request on
 stdin::
 
     {"trace": "/path/trace.jsonl", "kwargs": {...keywords of run_trace_replay, planner_config included...}}

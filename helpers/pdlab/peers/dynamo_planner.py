@@ -4,10 +4,10 @@ workload and SLOs: which P:D split does each choose?
 Dynamo (ai-dynamo 1.6.1) runs its planner in the offline replay when ``run_trace_replay`` gets a
 ``planner_config``: the Rust replay ticks the planner on simulated time, the planner returns target
 prefill/decode counts, the replay starts or drains mocker workers, and the report carries every tick
-(``PlannerReplayDetails``). The mocker's timing is the profile :func:`pdlab.sim.peers.write_dynamo_profile`
+(``PlannerReplayDetails``). The mocker's timing is the profile :func:`pdlab.peers.dynamo_compare.write_dynamo_profile`
 writes from our latency model, so both sides price a forward pass alike.
 
-Two planner targets matter here (see :mod:`pdlab.sim.dynamo_planner_replay` for what each needs):
+Two planner targets matter here (see :mod:`pdlab.peers.dynamo_planner_replay` for what each needs):
 
 - ``sla`` — TTFT/ITL targets, throughput-based scaling: each interval it predicts the load and
   sizes each pool with its performance model (``aisimulate_core``'s forward-pass regression, tuned
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pdlab.metrics import SLO
-from pdlab.sim.peers import (
+from pdlab.peers.dynamo_compare import (
     PeerSettings,
     dynamo_engine_args,
     dynamo_replay_kwargs,
@@ -169,7 +169,7 @@ def planner_config(slo: SLO, settings: PeerSettings, *, target: str = "sla", adj
 
 def planner_replay_kwargs(settings: PeerSettings, profile: str | Path, config: Mapping[str, Any], *,
                           max_model_len: int) -> dict[str, Any]:
-    """Keywords of ``run_trace_replay`` with the planner: :func:`pdlab.sim.peers.dynamo_replay_kwargs`
+    """Keywords of ``run_trace_replay`` with the planner: :func:`pdlab.peers.dynamo_compare.dynamo_replay_kwargs`
     (starting at ``settings.prefill``:``settings.decode``) plus each role's TP (the planner counts
     GPUs per worker from it) and context length (its prefill thresholds need it)."""
     kw = dynamo_replay_kwargs(settings, profile)

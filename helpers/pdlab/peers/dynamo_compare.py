@@ -31,7 +31,7 @@ ai-dynamo/dynamo; :data:`MECHANISMS` says which metric each one moves):
   beside the running requests' KV.
 
 A run needs the peers environment (``scripts/install_peers.sh`` → ``.venv-peers``); Dynamo runs in
-a subprocess (:mod:`pdlab.sim.dynamo_replay`) and answers in JSON. Everything else here (settings,
+a subprocess (:mod:`pdlab.peers.dynamo_replay`) and answers in JSON. Everything else here (settings,
 conversion, table) works without it.
 """
 

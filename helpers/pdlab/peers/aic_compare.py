@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+
+from pdlab.simreal.gpu_profile_files import GpuProfile
 
 __all__ = [
     "AIC_MODELS",
@@ -43,6 +46,7 @@ __all__ = [
     "aic_estimate",
     "pdlab_estimate",
     "aic_comparison",
+    "add_aiconfigurator",
 ]
 
 #: pdlab catalog model → (AIConfigurator model path, bundled config), TP sizes go with each row.
@@ -163,3 +167,61 @@ def aic_comparison(profile: str = "ci", *, models: Sequence[str] = ("llama-3-8b"
                         "aic_backend": f"{backend} {theirs['backend_version']}",
                     })
     return pd.DataFrame(rows)
+
+
+def _aic_installed() -> bool:
+    try:
+        return importlib.util.find_spec("aiconfigurator") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def add_aiconfigurator(profile: GpuProfile, *, backend: str = "vllm",
+                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Fill in AIConfigurator's prediction of every step point (``aiconfigurator_s``) where it can.
+
+    Uses :func:`aic_estimate` (static mode, NVIDIA's database of kernels measured
+    on that GPU): a prefill point ``(B, S)`` is the TTFT of ``B`` prompts of ``S`` tokens; a decode
+    point ``(B, C)`` the TPOT of ``B`` requests with ``C − 1`` prompt tokens and 2 output tokens (one
+    decode step at context ``C``). Only for the full Llama-3-8B on a GPU that AIConfigurator maps
+    (:data:`AIC_SYSTEMS`); otherwise, or without the optional ``aic`` extra, the
+    reason is recorded. Runs on a CPU (about 5 s a point), so a profile measured on a bare GPU
+    image can be annotated later: ``pdlab gpu-profile --annotate FILE``. Returns ``data["aiconfigurator"]``.
+    """
+    say = progress or (lambda msg: None)
+    data = profile.data
+    steps = data.get("steps") or {}
+    model = (steps.get("model") or {})
+    gpu = data["device"].get("catalog_gpu")
+
+    def skip(reason: str) -> dict[str, Any]:
+        data["aiconfigurator"] = {"available": False, "reason": reason}
+        return data["aiconfigurator"]
+
+    if not _aic_installed():
+        return skip("aiconfigurator is not installed (optional extra: pip install -e '.[aic]')")
+    if not steps.get("points"):
+        return skip("no step points to predict")
+    from pdlab.models import get_model
+
+    full = get_model("llama-3-8b")
+    if model.get("name") != full.name or model.get("num_layers") != full.num_layers or "llama-3-8b" not in AIC_MODELS:
+        return skip(f"AIConfigurator models whole catalog models; this profile timed {model.get('name')!r}")
+    if gpu not in AIC_SYSTEMS:
+        return skip(f"AIConfigurator has no database for {data['device'].get('name')!r} (maps {', '.join(AIC_SYSTEMS)})")
+    if not aic_available():
+        return skip("aiconfigurator is installed but does not import")
+    version = None
+    for p in steps["points"]:
+        if p["phase"] == "prefill":
+            r = aic_estimate("llama-3-8b", gpu, batch=p["batch"], isl=p["tokens"], osl=2, tp=1, backend=backend)
+            p["aiconfigurator_s"] = r["ttft_ms"] / 1e3
+        else:
+            r = aic_estimate("llama-3-8b", gpu, batch=p["batch"], isl=max(1, p["context"] - 1), osl=2, tp=1,
+                             backend=backend)
+            p["aiconfigurator_s"] = r["tpot_ms"] / 1e3
+        version = r.get("backend_version")
+        say(f"  AIConfigurator {p['phase']} B={p['batch']} C={p['context']}: {p['aiconfigurator_s'] * 1e3:.3f} ms")
+    data["aiconfigurator"] = {"available": True, "backend": f"{backend} {version}", "system": AIC_SYSTEMS[gpu],
+                              "mode": "static (prefill: TTFT; decode: TPOT with osl 2)"}
+    return data["aiconfigurator"]

@@ -2,7 +2,7 @@
 
 A standalone script for the peers environment (``.venv-peers``, made by
 ``scripts/install_peers.sh``): it imports only the standard library and ``dynamo``, never pdlab
-or numpy, because Dynamo's pins conflict with the project's environment. :mod:`pdlab.sim.peers`
+or numpy, because Dynamo's pins conflict with the project's environment. :mod:`pdlab.peers.dynamo_compare`
 runs it as ``.venv-peers/bin/python dynamo_replay.py`` with a JSON request on stdin::
 
     {"trace": "/path/trace.jsonl", "kwargs": {...keywords of dynamo.replay.run_trace_replay...}}
