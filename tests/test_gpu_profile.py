@@ -155,8 +155,7 @@ def test_aiconfigurator_annotation(monkeypatch, tmp_path):
     """--annotate adds AIConfigurator's step predictions (its estimator replaced by a stand-in here)."""
     from dataclasses import asdict
 
-    import pdlab.simreal.aic_compare as aic
-    import pdlab.simreal.gpu_profile as gpm
+    import pdlab.peers.aic_compare as aic
     from pdlab.models import get_model
 
     calls = []
@@ -167,7 +166,7 @@ def test_aiconfigurator_annotation(monkeypatch, tmp_path):
 
     monkeypatch.setattr(aic, "aic_estimate", fake_estimate)
     monkeypatch.setattr(aic, "aic_available", lambda: True)
-    monkeypatch.setattr(gpm, "_aic_installed", lambda: True)
+    monkeypatch.setattr(aic, "_aic_installed", lambda: True)
     data = _synthetic("cuda", "NVIDIA H200", "2026-01-02T00:00:00Z")
     data["steps"]["model"] = asdict(get_model("llama-3-8b"))
     data["steps"]["points"].append({"phase": "prefill", "batch": 2, "tokens": 1024, "context": 1024, "time_s": 0.1})
