@@ -1,0 +1,97 @@
+"""What a course user reads carries no history of how the project was built.
+
+Scanned: every notebook in ``solutions/``, ``notebooks/`` and ``labs/`` (markdown and code cells),
+``README.md``, ``docs/*.md`` and ``benchmarks/README.md``. A file fails on
+
+- a **run id** of the project's own runs: ``s`` or ``l``, two digits, a letter a–e, standing alone
+  (``s51a``, ``build/lab05_s41a``, ``l01a``);
+- a **reference to one of the project's issues**: ``issue 13``, ``Issue #22``, ``issues 45``,
+  ``course issue``, ``the issue's``;
+- a **date** ``20YY-MM-DD``: a dated run or history note.
+
+The allow-list is narrow on purpose, and each entry is a citation of someone else's work:
+
+- an issue of another project, named right before it (``vLLM issue #49250``): ``EXTERNAL_PROJECTS``;
+- a date on a line that cites an external source: the line holds a URL, an arXiv id, or the word
+  release/released/changelog (``EXTERNAL_CITATION``), as a paper's or a package's date does.
+
+History belongs in ``notes/`` or the commit message; ``notes/`` is not scanned.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from pdlab.paths import repo_root
+
+ROOT = repo_root()
+
+RUN_ID = re.compile(r"(?<![A-Za-z0-9])[sl]\d{2}[a-e](?![A-Za-z0-9])")
+ISSUE_REF = re.compile(r"\bissues?\s*#?\s*\d+|\bcourse\s+issues?\b|\bthe\s+issue(?:'s|’s)", re.IGNORECASE)
+DATE = re.compile(r"(?<!\d)20\d{2}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])(?!\d)")
+
+EXTERNAL_PROJECTS = ("vLLM", "SGLang", "NIXL", "Dynamo", "Mooncake", "LMCache", "PyTorch", "torch", "UCX",
+                     "jupyter_client", "JupyterLab", "papermill", "Playwright", "plotly")
+_EXTERNAL_ISSUE = re.compile(r"(?:%s)\s+$" % "|".join(map(re.escape, EXTERNAL_PROJECTS)))
+EXTERNAL_CITATION = re.compile(r"https?://|\barXiv\b|\breleased?\b|\bchangelog\b", re.IGNORECASE)
+
+
+def history_notes(line: str) -> list[str]:
+    """The history notes in one line of text, each as the matched text (empty: the line is clean)."""
+    found = [m.group(0) for m in RUN_ID.finditer(line)]
+    found += [m.group(0) for m in ISSUE_REF.finditer(line)
+              if not _EXTERNAL_ISSUE.search(line[max(0, m.start() - 30):m.start()])]
+    if not EXTERNAL_CITATION.search(line):
+        found += [m.group(0) for m in DATE.finditer(line)]
+    return found
+
+
+def scanned_files() -> list[Path]:
+    """Every file a course user reads as the course: notebooks, README, docs, the benchmarks' README."""
+    files = [*ROOT.glob("solutions/**/*.ipynb"), *ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("labs/*.ipynb"),
+             ROOT / "README.md", *ROOT.glob("docs/*.md"), ROOT / "benchmarks" / "README.md"]
+    return sorted(p for p in files if p.is_file() and ".ipynb_checkpoints" not in p.parts)
+
+
+def lines_of(path: Path) -> list[tuple[str, str]]:
+    """(where, line) for every line of a file; a notebook's lines are its cells' sources."""
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        return [(f"cell {i} line {j + 1}", line) for i, cell in enumerate(cells)
+                for j, line in enumerate("".join(cell["source"]).splitlines())]
+    return [(f"line {j + 1}", line) for j, line in enumerate(path.read_text(encoding="utf-8").splitlines())]
+
+
+@pytest.mark.parametrize("text", [
+    "saved runs (`build/s51a`…`s53c`)", "see build/lab05_s41a", "lab 01 in the same session (l01a)",
+    "Issue 26 asks lab 05's held-out fit", "issue #22", "course issue 13", "the issue's bar: ≥ 80%",
+    "Before any fix (2026-11-30, quiet machine)",
+])
+def test_history_is_found(text):
+    assert history_notes(text), f"not flagged: {text!r}"
+
+
+@pytest.mark.parametrize("text", [
+    "(vLLM issue #49250), and a default policy", "the s3 bucket and 512 tokens", "Llama-3.1-8B, TP 2",
+    "arXiv 2407.00079v3 (2024-07-01)", "nixl 1.5.2, released 2026-01-15", "https://example.org/2026-01-15/notes",
+    "an issue with the proxy", "sha 1ef4f33 of the scripts",
+])
+def test_citations_and_plain_words_pass(text):
+    assert history_notes(text) == [], f"flagged: {text!r}"
+
+
+def test_the_scan_covers_the_course():
+    names = {p.relative_to(ROOT).as_posix() for p in scanned_files()}
+    assert "README.md" in names and "docs/CONTRIBUTING.md" in names
+    assert sum(n.startswith("solutions/") for n in names) >= 17, "the solution notebooks were not found"
+    assert any(n.startswith("labs/") for n in names) and any(n.startswith("notebooks/") for n in names)
+
+
+@pytest.mark.parametrize("path", scanned_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_history_in(path):
+    hits = [f"{where}: {', '.join(notes)} in {line.strip()[:120]!r}"
+            for where, line in lines_of(path) if (notes := history_notes(line))]
+    assert not hits, f"{path.relative_to(ROOT)} carries project history:\n" + "\n".join(hits)
