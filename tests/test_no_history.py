@@ -35,7 +35,7 @@ DATE = re.compile(r"(?<!\d)20\d{2}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])(?!\
 
 EXTERNAL_PROJECTS = ("vLLM", "SGLang", "NIXL", "Dynamo", "Mooncake", "LMCache", "PyTorch", "torch", "UCX",
                      "jupyter_client", "JupyterLab", "papermill", "Playwright", "plotly")
-_EXTERNAL_ISSUE = re.compile(r"(?:%s)\s+$" % "|".join(map(re.escape, EXTERNAL_PROJECTS)))
+_EXTERNAL_ISSUE = re.compile("(?:" + "|".join(map(re.escape, EXTERNAL_PROJECTS)) + r")\s+$")
 EXTERNAL_CITATION = re.compile(r"https?://|\barXiv\b|\breleased?\b|\bchangelog\b", re.IGNORECASE)
 
 
