@@ -274,10 +274,14 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
     add(nb09.check_balanced_per_gpu_goodput, (10, 1.6, 4.5, 4), 10 / ((7 + 3) * 4),
         {"no ceil": 10 / ((10 / 1.6 + 10 / 4.5) * 4), "per instance, not per GPU": 10 / (7 + 3)})
     nx = nexus_gpu("h100-sxm", "llama-3-8b")
-    xbest, _ = nx.best_split(4000, 250, 0.04)
-    add(nb09.check_nexus_best_split, ("h100-sxm", "llama-3-8b", 4000, 250, 0.04), xbest,
-        {"decode's share instead of prefill's": 1 - xbest, "a static 50/50 split": 0.5 if abs(xbest - 0.5) > 0.05
-         else 0.9})
+    xgrid, _ = nx.best_split(4000, 250, 0.04)
+    x0 = nb09.nexus_contended_split("h100-sxm", "llama-3-8b", 4000, 250, 0.04, 0.0)
+    xbest = nb09.nexus_contended_split("h100-sxm", "llama-3-8b", 4000, 250, 0.04, 0.3)
+    assert abs(x0 - xgrid) <= 0.01  # without contention the bisection agrees with the model's own grid
+    add(nb09.check_nexus_best_split, ("h100-sxm", "llama-3-8b", 4000, 250, 0.04, 0.3), xbest,
+        {"decode's share instead of prefill's": 1 - xbest, "no contention (best_split's model)": x0,
+         "best_split's grid without contention": xgrid, "the printed long-prompt row": 0.81,
+         "a static 50/50 split": 0.5})
 
     # ---- lab01
     add(lab01.check_tpot_from_record, (rec,), (rec.finish_s - rec.first_token_s) / (rec.output_tokens - 1),
@@ -328,9 +332,21 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
     def mean_ttft_ms(ids):
         return 1e3 * sum(by_id[i].ttft_s for i in ids) / len(ids)
 
-    add(lab07.check_follow_up_ttft_ms, (recs, convo, 2), mean_ttft_ms([2, 3, 4]),
-        {"every request": mean_ttft_ms(range(6)), "seconds": mean_ttft_ms([2, 3, 4]) / 1e3,
-         "the first turns": mean_ttft_ms([0, 1, 5])})
+    rr_recs = [replace(r, first_token_s=r.first_token_s + 0.01 * (k + 1)) if r.ok else r for k, r in enumerate(recs)]
+
+    def turns(rs):
+        by = {r.request_id: r for r in rs}
+        return {kind: 1e3 * sum(by[i].ttft_s for i in ids) / len(ids)
+                for kind, ids in (("first", [0, 1, 5]), ("follow-up", [2, 3, 4]))}
+
+    both = {"kv": turns(recs), "round-robin": turns(rr_recs)}
+    add(lab07.check_turn_ttft_ms, ({"kv": recs, "round-robin": rr_recs}, convo, 2), both,
+        {"routers swapped": {"kv": both["round-robin"], "round-robin": both["kv"]},
+         "kinds swapped": {m: {"first": v["follow-up"], "follow-up": v["first"]} for m, v in both.items()},
+         "seconds": {m: {k: x / 1e3 for k, x in v.items()} for m, v in both.items()},
+         "every request as one mean": {m: dict.fromkeys(("first", "follow-up"), mean_ttft_ms(range(6)))
+                                       for m in both},
+         "one router only": {"kv": both["kv"]}})
 
     # ---- lab02
     rooms_p, rooms_d = [11, 42, 7, 99], [42, 7, 99, 11]
