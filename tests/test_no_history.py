@@ -95,3 +95,27 @@ def test_no_history_in(path):
     hits = [f"{where}: {', '.join(notes)} in {line.strip()[:120]!r}"
             for where, line in lines_of(path) if (notes := history_notes(line))]
     assert not hits, f"{path.relative_to(ROOT)} carries project history:\n" + "\n".join(hits)
+
+
+BY_PATH = re.compile(r"sys\.path\.(?:insert|append)|spec_from_file_location|runpy\.run_path|SourceFileLoader")
+
+
+def _code_files() -> list[tuple[Path, str]]:
+    """(file, its code) for the package, the tests (this one left out) and the solution notebooks."""
+    files = [(p, p.read_text(encoding="utf-8")) for d in ("helpers", "tests") for p in (ROOT / d).rglob("*.py")
+             if p.resolve() != Path(__file__).resolve()]
+    for nb in ROOT.glob("solutions/**/*.ipynb"):
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        files.append((nb, "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")))
+    return files
+
+
+def test_nothing_imports_a_script_by_path():
+    """The package, the tests and the notebooks import no script of benchmarks/ or notes/: logic they
+    need lives in pdlab, and no file puts a folder on sys.path or loads a module from a file."""
+    scripts = sorted({p.stem for d in ("benchmarks", "notes") for p in (ROOT / d).rglob("*.py")})
+    assert "bench_sim" in scripts
+    imports = re.compile(r"^\s*(?:from|import)\s+(?:" + "|".join(map(re.escape, scripts)) + r")\b", re.MULTILINE)
+    bad = [f"{path.relative_to(ROOT)}: {m.group(0).strip()}" for path, code in _code_files()
+           for m in (*BY_PATH.finditer(code), *imports.finditer(code))]
+    assert not bad, "scripts imported by path:\n" + "\n".join(bad)
