@@ -6,7 +6,7 @@
 
 Targets (2-core machine):
 - Mooncake conversation trace (12,031 requests) on 8 colocated TP-4 Llama-3-70B instances on
-  H100, prefix caching on: at least 15,000 requests/s of ``sim_wall_s`` (issue #16; DynoSim, in
+  H100, prefix caching on: at least 15,000 requests/s of ``sim_wall_s`` (for comparison: DynoSim, in
   Rust, replays 23,608 requests in 2.41 s = 9,800 requests/s). The trace is read outside the timed
   part. The same trace also runs disaggregated (4 prefill + 4 decode TP-4 instances, KV over
   InfiniBand NDR) with the hand-off physics on: vLLM-style KV reservation on the decode side,
