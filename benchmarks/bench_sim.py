@@ -14,7 +14,7 @@ Targets (2-core machine):
 - Placement of OPT-66B on 4 nodes × 8 A100s, profile ``full``: under 2 minutes.
 - ``pdlab queue`` check values at R=0.5, D=1, K=1.5, and the simulated averages (100k requests).
 
-Peer mode (``--peer dynamo``, issue #22): the same trace through pdlab and through NVIDIA Dynamo's
+Peer mode (``--peer dynamo``): the same trace through pdlab and through NVIDIA Dynamo's
 Rust replay (``dynamo.replay.run_trace_replay``, in ``.venv-peers``, see scripts/install_peers.sh)
 with matched settings (:class:`pdlab.peers.PeerSettings`: 8 colocated or 4 + 4 TP-4
 Llama-3-70B workers on H100, 512-token KV/prefix blocks, prefix caching, round robin, 256
@@ -25,7 +25,7 @@ ratio, TTFT/TPOT/ITL p50 and p90 side by side, and the mechanism behind each dif
     .venv/bin/python benchmarks/bench_sim.py --peer dynamo --repeat 3
     .venv/bin/python benchmarks/bench_sim.py --peer dynamo --repeat 3 --peer-ablate  # + mechanism ablations
 
-Planner mode (``--peer-planner``, issue #22): the P:D split NVIDIA Dynamo's planner chooses in its
+Planner mode (``--peer-planner``): the P:D split NVIDIA Dynamo's planner chooses in its
 offline replay (disaggregated, starting at 2 + 2 TP-4 workers, the mocker timed by the same
 converted profile) beside ``pdlab place``'s Alg. 1 for TP-4 on the same trace slice, rate and SLOs
 (:mod:`pdlab.peers.dynamo_planner`). Dynamo's SLA target needs ``aisimulate_core``, which cannot be
