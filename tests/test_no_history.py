@@ -1,7 +1,7 @@
 """What a course user reads carries no history of how the project was built.
 
 Scanned: every notebook in ``solutions/``, ``notebooks/`` and ``labs/`` (markdown and code cells),
-``README.md``, ``docs/*.md`` and ``benchmarks/README.md``. A file fails on
+``README.md``, ``docs/*.md`` and ``benchmarks/`` (its README and scripts). A file fails on
 
 - a **run id** of the project's own runs: ``s`` or ``l``, two digits, a letter a–e, standing alone
   (``s51a``, ``build/lab05_s41a``, ``l01a``);
@@ -50,9 +50,9 @@ def history_notes(line: str) -> list[str]:
 
 
 def scanned_files() -> list[Path]:
-    """Every file a course user reads as the course: notebooks, README, docs, the benchmarks' README."""
+    """Every file a course user reads as the course: notebooks, README, docs, the benchmarks."""
     files = [*ROOT.glob("solutions/**/*.ipynb"), *ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("labs/*.ipynb"),
-             ROOT / "README.md", *ROOT.glob("docs/*.md"), ROOT / "benchmarks" / "README.md"]
+             ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("benchmarks/*.md"), *ROOT.glob("benchmarks/*.py")]
     return sorted(p for p in files if p.is_file() and ".ipynb_checkpoints" not in p.parts)
 
 
