@@ -13,7 +13,7 @@ MODULES = [
     "pdlab.metrics",
     "pdlab.sched.queueing",
     "pdlab.sched.placement",
-    "pdlab.simreal.calibrate",   # contention_factor, admission_overhead_s (the probes' arithmetic)
+    "pdlab.simreal.fit",   # contention_factor, admission_overhead_s (the probes' arithmetic)
     "pdlab.serve.plumbing",
     "pdlab.serve.proxy",
 ]

@@ -9,8 +9,8 @@ import math
 import pytest
 from pdlab.metrics import RequestRecord
 from pdlab.serve import probes
-from pdlab.simreal.calibrate import admission_overhead_s, contention_factor, merge_prefill_points
-from pdlab.simreal.records import Calibration, Contention, StepPoint
+from pdlab.simreal.calibration import Calibration, Contention, StepPoint
+from pdlab.simreal.fit import admission_overhead_s, contention_factor, merge_prefill_points
 
 
 def _stream(rid: int, prompt: int, first_s: float, step_s: float, tokens: int) -> RequestRecord:

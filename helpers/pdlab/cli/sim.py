@@ -49,7 +49,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     from pdlab.serve.bench import ClientOptions
     from pdlab.serve.probes import PROBE_PLANS, calibrate
-    from pdlab.simreal.calibrate import save_calibration
+    from pdlab.simreal.calibration import save_calibration
 
     overrides = {k: v for k, v in (("prefill_lengths", args.prefill_lengths), ("decode_batches", args.decode_batches),
                                    ("decode_prompts", args.decode_prompts), ("decode_tokens", args.decode_tokens),

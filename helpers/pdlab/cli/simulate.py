@@ -29,8 +29,8 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation (burstiness)")
     p.add_argument("--seed", type=int, default=0, help="synthetic: seed")
     p.add_argument("--mode", choices=["colocated", "chunked", "disaggregated"], required=True)
-    p.add_argument("--gpu", required=True, help="catalog GPU, e.g. h100-sxm")
-    p.add_argument("--model", required=True, help="catalog model, e.g. llama-3-70b")
+    p.add_argument("--gpu", help="catalog GPU, e.g. h100-sxm (not needed with a calibrated --profile)")
+    p.add_argument("--model", help="catalog model, e.g. llama-3-70b (not needed with a calibrated --profile)")
     p.add_argument("--instances", type=int, help="colocated/chunked: number of instances (default 1)")
     p.add_argument("--prefill", type=int, help="disaggregated: prefill instances (default 1)")
     p.add_argument("--decode", type=int, help="disaggregated: decode instances (default 1)")
@@ -46,7 +46,11 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, help="running requests per instance (default 256)")
     p.add_argument("--dispatch", choices=["round_robin", "shortest_queue", "least_loaded"],
                    help="dispatch of arrivals (default: round_robin, shortest_queue when disaggregated)")
-    p.add_argument("--profile", help="latency profile JSON (DistServe-style fit) instead of the roofline model")
+    p.add_argument("--profile", help="latency profile JSON (DistServe-style fit) instead of the roofline model; "
+                   "one written by `pdlab sim calibrate` or lab 05 is replayed with all its terms "
+                   "(pdlab.simreal.replay, the live set-up of one server or one prefill/decode pair)")
+    p.add_argument("--kv-capacity-tokens", type=int, default=131072,
+                   help="calibrated --profile: KV tokens each instance holds (default 131072)")
     add_slo_arguments(p)
     p.add_argument("--records", help="write per-request records to this JSONL file")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -72,7 +76,52 @@ def _requests(args: argparse.Namespace):
     return scale_rate(reqs, args.rate_scale) if args.rate_scale != 1.0 else reqs
 
 
+def _calibration(args: argparse.Namespace):
+    """The profile's calibration when it holds terms beyond the coefficients, else None; CLIError
+    naming the terms where the options ask for a set-up the replay does not build."""
+    from pdlab.simreal.calibration import load_calibration
+
+    try:
+        cal = load_calibration(args.profile)
+    except (OSError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+    terms = cal.terms()
+    if not terms:
+        return None
+    other = [flag for flag, used in (("--instances", args.instances not in (None, 1)),
+                                     ("--prefill", args.prefill not in (None, 1)),
+                                     ("--decode", args.decode not in (None, 1)),
+                                     ("--tp/--pp", args.tp != 1 or args.pp != 1),
+                                     ("--decode-tp/--decode-pp", args.decode_tp not in (None, 1)
+                                      or args.decode_pp not in (None, 1)),
+                                     ("--link/--bandwidth-gbs", bool(args.link or args.bandwidth_gbs)),
+                                     ("--layerwise-overlap", args.layerwise_overlap),
+                                     ("--dispatch", args.dispatch is not None),
+                                     ("--mode chunked", args.mode == "chunked")) if used]
+    if other:
+        raise CLIError(f"{args.profile} holds calibrated terms ({', '.join(terms)}) that the simulator applies only "
+                       f"to the live set-up it was measured on (one server or one prefill/decode pair); "
+                       f"drop {', '.join(other)}")
+    return cal
+
+
+def _replay(args: argparse.Namespace, cal, reqs):
+    """Records of the calibrated replay (:func:`pdlab.simreal.replay.replay`), wall seconds."""
+    import time
+
+    from pdlab.simreal.replay import replay
+
+    t0 = time.perf_counter()
+    try:
+        recs = replay(reqs, args.mode, cal, kv_capacity_tokens=args.kv_capacity_tokens,
+                      token_budget=args.token_budget, max_num_seqs=args.max_num_seqs)
+    except ValueError as exc:
+        raise CLIError(f"{args.profile}: {exc}") from None
+    return recs, time.perf_counter() - t0
+
+
 def run(args: argparse.Namespace) -> int:
+    from pdlab.metrics import summarize
     from pdlab.sim import simulate
     from pdlab.sim.latency import load_profile
 
@@ -84,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
     if not disagg and (args.link or args.bandwidth_gbs):
         raise CLIError("--link/--bandwidth-gbs need --mode disaggregated")
     slo = slo_from_args(args)
+    cal = _calibration(args) if args.profile else None
+    if cal is None and not (args.gpu and args.model):
+        raise CLIError("--gpu and --model are needed (only a calibrated --profile runs without them)")
     latency = None
     if args.profile:
         prof_path = args.profile
@@ -100,8 +152,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         kwargs.update(instances=args.instances or 1)
     reqs = _requests(args)
-    result = simulate(reqs, args.mode, args.gpu, args.model, record_token_times=bool(args.records), **kwargs)
-    s = result.summary(slo)
+    if cal is not None:
+        records, sim_wall_s = _replay(args, cal, reqs)
+        s = {**summarize(records, slo, num_gpus=2 if disagg else 1), "num_gpus": 2 if disagg else 1,
+             "preemptions": sum(r.preemptions for r in records)}
+    else:
+        result = simulate(reqs, args.mode, args.gpu, args.model, record_token_times=bool(args.records), **kwargs)
+        records, sim_wall_s, s = result.records, result.sim_wall_s, result.summary(slo)
     keys = ["requests", "completed", "failed", "num_gpus", "duration_s", "request_throughput_rps",
             "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s", "tpot_p90_s",
             "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "preemptions"]
@@ -109,13 +166,14 @@ def run(args: argparse.Namespace) -> int:
         keys += ["itl_p50_s", "itl_p99_s"]
     payload = {k: s[k] for k in keys}
     payload.update(slo_attainment=s.get("slo_attainment"), goodput_rps=s.get("goodput_rps"),
-                   per_gpu_goodput_rps=s.get("per_gpu_goodput_rps"), sim_wall_s=result.sim_wall_s,
-                   mode=args.mode, gpu=args.gpu, model=args.model)
+                   per_gpu_goodput_rps=s.get("per_gpu_goodput_rps"), sim_wall_s=sim_wall_s,
+                   mode=args.mode, gpu=args.gpu, model=args.model,
+                   calibrated_terms=cal.terms() if cal is not None else None)
     if args.records:
         path = Path(args.records)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w") as fh:
-            for rec in result.records:
+            for rec in records:
                 fh.write(json.dumps(rec.as_dict(with_token_times=True)) + "\n")
         payload["records_path"] = str(path)
     text = (f"{args.mode}: {payload['completed']}/{payload['requests']} requests on {payload['num_gpus']} GPUs, "
@@ -123,6 +181,6 @@ def run(args: argparse.Namespace) -> int:
             f"TPOT p50/p99 {payload['tpot_p50_s'] * 1e3:.1f}/{payload['tpot_p99_s'] * 1e3:.1f} ms")
     if slo is not None:
         text += f", SLO attainment {payload['slo_attainment']:.1%}, goodput {payload['goodput_rps']:.3f} req/s"
-    text += f" (simulated in {result.sim_wall_s:.2f} s)"
+    text += f" (simulated in {sim_wall_s:.2f} s)"
     emit(payload, args.json, text)
     return 0

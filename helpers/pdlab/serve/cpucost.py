@@ -105,7 +105,7 @@ class CPUSampler:
     background thread while the block runs: ``samples`` = [(``time.perf_counter()``, CPU seconds so
     far)], one at the start and one at the end included; the benchmark client's records use the
     same clock, so a run's CPU can be split by what its requests did when
-    (:func:`pdlab.simreal.calibrate.split_co_runner_cpu`). One sample costs about a millisecond
+    (:func:`pdlab.simreal.runfit.split_co_runner_cpu`). One sample costs about a millisecond
     of the calling process's CPU per process read."""
 
     def __init__(self, pids: Iterable[int], *, period_s: float = 0.5):

@@ -51,12 +51,12 @@ def fit_prefill_model(prefill_url: str, lengths: Sequence[int], *, repeats: int 
                       ) -> tuple[PrefillModel, list[dict[str, Any]]]:
     """Probe ``prefill_url`` with single prompts of ``lengths`` tokens and fit ``a + b·l + c·l²`` (s).
 
-    Returns the model and the probe points as table rows: each :class:`~pdlab.simreal.records.StepPoint`'s
+    Returns the model and the probe points as table rows: each :class:`~pdlab.simreal.calibration.StepPoint`'s
     ``to_dict()`` (``prefill_tokens``, ``time_s`` = median TTFT, ...) with ``fit_s``, the fitted time (s),
     and on the first row ``fit_quality``.
     """
     from pdlab.serve.probes import probe_prefill
-    from pdlab.simreal.calibrate import fit_row
+    from pdlab.simreal.fit import fit_row
 
     if len(set(lengths)) < 3:
         raise ValueError(f"need ≥ 3 distinct prompt lengths to fit a, b and c, got {list(lengths)}")

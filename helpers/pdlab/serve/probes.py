@@ -7,7 +7,7 @@ servers, each role's slowdown while the other works (:func:`probe_contention`) a
 handed-off request costs the streams already decoding (:func:`probe_admission`). All go through
 the course's benchmark client (:func:`pdlab.serve.bench.run_bench`) with random single-token-word
 prompts (no prefix-cache hits) and the server's own token counts. :func:`calibrate` runs a
-:class:`ProbePlan` and fits the result with the pure functions of :mod:`pdlab.simreal.calibrate`.
+:class:`ProbePlan` and fits the result with the fit stage, :mod:`pdlab.simreal.fit`.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from typing import Any, TypeVar
 import numpy as np
 
 from pdlab.metrics import RequestRecord
-from pdlab.simreal.calibrate import (
+from pdlab.simreal.calibration import Admission, Calibration, Contention, PrefillStall, StepPoint
+from pdlab.simreal.fit import (
     admission_overhead_s,
     contention_factor,
     fit_handoff,
     fit_prefill_stall,
     fit_profile,
     merge_prefill_points,
-    server_prompt_tokens,
 )
-from pdlab.simreal.records import Admission, Calibration, Contention, PrefillStall, StepPoint
+from pdlab.simreal.replay import server_prompt_tokens
 from pdlab.workloads import Request
 
 T = TypeVar("T")
@@ -364,7 +364,7 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
     while ``decode_streams`` streams decode on ``decode_url``. Decode: the decode step of
     ``decode_streams`` streams (their mean token gap while all decode, as :func:`probe_decode`),
     alone and while prompts are prefilled back to back on ``prefill_url``. Returns a
-    :class:`~pdlab.simreal.records.Contention`: the times (s) and ``prefill``/``decode`` = max(0, busy/alone − 1):
+    :class:`~pdlab.simreal.calibration.Contention`: the times (s) and ``prefill``/``decode`` = max(0, busy/alone − 1):
     the simulator's ``InstanceSpec.cpu_contention`` of each role (an iteration takes
     ``1 + cpu_contention`` times as long while the other instance is busy). Measured, not fitted:
     on the course's 2-core CPU the roles are pinned to a core each but share the last-level
@@ -444,7 +444,7 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
     prompts keep the prefill role's own contention out (a 16-token prefill is a few ms), so F is
     the per-request work on the decode role's cores that a step-time model does not see: the
     decode API server's HTTP and tokenisation of the prompt, the connector's bookkeeping, and on
-    a shared CPU the proxy's and the client's work. Returns an :class:`~pdlab.simreal.records.Admission`:
+    a shared CPU the proxy's and the client's work. Returns an :class:`~pdlab.simreal.calibration.Admission`:
     the times (s), F (``raw_overhead_s``) and ``overhead_s`` = max(0, F): the simulator's
     ``InstanceSpec.admit_overhead_s``.
     """
@@ -517,7 +517,7 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
               proxy_url: str | None = None, seed: int = 0, meta: dict[str, Any] | None = None,
               **bench_kwargs: Any) -> Calibration:
     """Probe ``url`` (prefill) and ``decode_url`` (decode; default ``url``), fit, and return the
-    :class:`~pdlab.simreal.records.Calibration` (its ``latency.meta`` carries the measurements too).
+    :class:`~pdlab.simreal.calibration.Calibration` (its ``latency.meta`` carries the measurements too).
 
     With ``proxy_url`` (a disaggregation proxy in front of those servers) the KV hand-off is
     probed too and fitted as a link with a fixed latency and a per-token time (``kv_link``).
@@ -525,7 +525,7 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     measured (:func:`probe_contention`, ``contention``), and with a proxy too, what
     each handed-off request costs the running decode streams (:func:`probe_admission`,
     ``admission``). With one server, what a prefill costs the streams it decodes
-    (:func:`probe_prefill_stall`, fitted by :func:`~pdlab.simreal.calibrate.fit_prefill_stall`:
+    (:func:`probe_prefill_stall`, fitted by :func:`~pdlab.simreal.fit.fit_prefill_stall`:
     ``prefill_stall``), where the plan has stall rounds; its streams decode long enough, by the
     decode fit, to span every prefill (at most the server's context less the prompt).
     ``plan`` is a :class:`ProbePlan` or a key of :data:`PROBE_PLANS`.

@@ -7,7 +7,7 @@ decode pools. :func:`build_cluster` turns it into a :class:`~pdlab.sim.engine.Si
 subclass, e.g. the router's). Everything that simulates a cluster builds it here: the common modes
 below (:func:`build_simulator`, :func:`simulate`, ``pdlab simulate``), DistServe's placement search
 and Splitwise's pools (:mod:`pdlab.sched`), the router's simulation (:mod:`pdlab.router.sim`) and
-the calibrated simulator of lab 05 (:func:`pdlab.simreal.calibrate.build_sim`).
+the calibrated simulator of lab 05 (:func:`pdlab.simreal.replay.build_sim`).
 """
 
 from __future__ import annotations

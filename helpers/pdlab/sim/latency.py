@@ -29,7 +29,7 @@ import json
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "ConstantLatency",
     "roofline_latency",
     "fit_latency",
+    "nnls_fit",
     "sample_points",
     "load_profile",
     "save_profile",
@@ -225,6 +226,15 @@ class FittedLatency(LatencyModel):
                 t -= min(ap, ad)
         return t
 
+    def derive(self, *, prefill_scale: float = 1.0, decode_scale: float = 1.0, **changes: Any) -> FittedLatency:
+        """A copy with ``changes`` (any field: ``prefill``, ``decode``, ``meta``, ...; tp and pp kept
+        unless given) and then each row multiplied by its scale (dimensionless)."""
+        new = replace(self, **{"meta": dict(self.meta), **changes})
+        if prefill_scale != 1.0 or decode_scale != 1.0:
+            new = replace(new, prefill=tuple(prefill_scale * c for c in new.prefill),
+                          decode=tuple(decode_scale * c for c in new.decode))
+        return new
+
     def decode_times_s(self, decode_batch: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
         ad, bd, cd = self.decode
         return ad + bd * np.asarray(decode_ctx_tokens, dtype=float) + cd * decode_batch
@@ -290,34 +300,72 @@ def sample_points(model: LatencyModel, *, prefill_lengths: Iterable[int] = (64, 
     return pts
 
 
+def nnls_fit(a: Sequence[Sequence[float]] | np.ndarray, y: Sequence[float] | np.ndarray, *,
+             relative: bool = False) -> np.ndarray:
+    """Non-negative least squares of ``a @ coef ≈ y`` with the columns scaled to 1 (coefficients in
+    seconds per token and per token² differ by orders of magnitude): the one fitting core of the
+    package (:func:`fit_latency`, :mod:`pdlab.simreal` fits, the GPU step fit).
+
+    With ``relative`` the residuals are relative, ``(a @ coef − y) / y`` (every point counts the
+    same, short and long; ``y`` must then be > 0). Uses scipy's NNLS, or where scipy is missing (a
+    bare GPU image) the exact solution over every active set (numpy only; for a few unknowns).
+    Returns the coefficients in the units of ``y`` per unit of each column.
+    """
+    a = np.asarray(a, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if a.ndim != 2 or a.shape[0] != y.shape[0]:
+        raise ValueError(f"nnls_fit needs a (points × unknowns) matrix and one value per point, got {a.shape} and {y.shape}")
+    if relative and np.any(y <= 0):
+        raise ValueError("relative residuals need every measured value > 0")
+    w = 1.0 / y if relative else np.ones_like(y)
+    aw = a * w[:, None]
+    scale = np.abs(aw).max(axis=0)
+    scale[scale == 0] = 1.0
+    aw, yw = aw / scale, y * w
+    try:
+        from scipy.optimize import nnls
+    except ImportError:
+        return _nnls_active_sets(aw, yw) / scale
+    coef, _ = nnls(aw, yw)
+    return coef / scale
+
+
+def _nnls_active_sets(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Exact NNLS by least squares on every subset of columns (2^n − 1 solves; n is 3 or 4 here)."""
+    import itertools
+
+    n = a.shape[1]
+    best, best_res = np.zeros(n), float(np.sum(y ** 2))
+    for k in range(1, n + 1):
+        for cols in itertools.combinations(range(n), k):
+            sol, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+            if np.all(sol >= 0):
+                x = np.zeros(n)
+                x[list(cols)] = sol
+                res = float(np.sum((a @ x - y) ** 2))
+                if res < best_res:
+                    best, best_res = x, res
+    return best
+
+
 def fit_latency(points: Iterable[Mapping[str, float]], *, tp: int = 1, pp: int = 1,
                 meta: dict[str, Any] | None = None) -> FittedLatency:
-    """Fit :class:`FittedLatency` to timing points by non-negative least squares.
+    """Fit :class:`FittedLatency` to timing points by non-negative least squares (:func:`nnls_fit`).
 
     ``points`` are mappings (dicts, DataFrame ``records``) with ``prefill_tokens``,
     ``prefill_sq_tokens`` (Σl²), ``decode_batch``, ``decode_ctx_tokens`` and ``time_s``. Points
     without decodes fit the prefill row, points without prefill fit the decode row; each needs at
     least three points.
     """
-    from scipy.optimize import nnls
-
     pts = list(points)
     pre = [p for p in pts if p["prefill_tokens"] > 0 and p["decode_batch"] == 0]
     dec = [p for p in pts if p["decode_batch"] > 0 and p["prefill_tokens"] == 0]
     if len(pre) < 3 or len(dec) < 3:
         raise ValueError(f"need >= 3 prefill-only and >= 3 decode-only points, got {len(pre)} and {len(dec)}")
-
-    def solve(rows: list[list[float]], ys: list[float]) -> tuple[float, float, float]:
-        a = np.array(rows, dtype=float)
-        y = np.array(ys, dtype=float)
-        scale = np.abs(a).max(axis=0)
-        scale[scale == 0] = 1.0
-        coef, _ = nnls(a / scale, y)
-        return tuple(float(x) for x in coef / scale)  # type: ignore[return-value]
-
-    prefill = solve([[1.0, p["prefill_tokens"], p["prefill_sq_tokens"]] for p in pre], [p["time_s"] for p in pre])
-    decode = solve([[1.0, p["decode_ctx_tokens"], p["decode_batch"]] for p in dec], [p["time_s"] for p in dec])
-    return FittedLatency(prefill, decode, tp=tp, pp=pp, meta=dict(meta or {}))
+    prefill = nnls_fit([[1.0, p["prefill_tokens"], p["prefill_sq_tokens"]] for p in pre], [p["time_s"] for p in pre])
+    decode = nnls_fit([[1.0, p["decode_ctx_tokens"], p["decode_batch"]] for p in dec], [p["time_s"] for p in dec])
+    return FittedLatency(tuple(float(x) for x in prefill), tuple(float(x) for x in decode), tp=tp, pp=pp,
+                         meta=dict(meta or {}))
 
 
 def save_profile(model: FittedLatency, path: str | Path) -> Path:

@@ -1,25 +1,31 @@
-"""What a calibration measured, as typed records with one home.
+"""Stage 2 of sim-to-real: the calibration, one typed record the replay applies, and its file.
 
-The live probes (:mod:`pdlab.serve.probes`) return these; the pure fits and replays
-(:mod:`pdlab.simreal.calibrate`) read them. In a profile JSON (``pdlab-latency-profile/1``, read by
-:func:`pdlab.sim.latency.load_profile`) each record is one key of the profile, written by its
+The live probes (:mod:`pdlab.serve.probes`) and the fits (:mod:`pdlab.simreal.fit`,
+:mod:`pdlab.simreal.runfit`) produce these records; the replay (:mod:`pdlab.simreal.replay`, used
+by lab 05 and by ``pdlab simulate --profile``) reads only them. In a profile JSON
+(``pdlab-latency-profile/1``, :func:`save_calibration` / :func:`load_calibration`; its coefficients
+are read by :func:`pdlab.sim.latency.load_profile` too) each record is one key, written by its
 ``to_dict`` and read back by its ``from_dict``: ``kv_link`` (:class:`LinkFit`), ``cpu_contention``
-(:class:`Contention`), ``admission`` (:class:`Admission`), ``prefill_stall`` (:class:`PrefillStall`), ``points`` (a list of :class:`StepPoint`),
-beside ``handoff_points`` and ``calibration_s`` (:class:`Calibration`). A profile without one of those keys has none of that
-measurement; a hand-written entry may leave fields out: a missing time reads as NaN, a missing
-count as 0, a missing factor, latency or per-token time as 0 (no effect in the simulator).
+(:class:`Contention`), ``admission`` (:class:`Admission`), ``prefill_stall`` (:class:`PrefillStall`),
+``run_fit`` (:class:`RunFit`), ``points`` (a list of :class:`StepPoint`), beside ``handoff_points``
+and ``calibration_s``. A profile without one of those keys has none of that measurement; a
+hand-written entry may leave fields out: a missing time reads as NaN, a missing count as 0, a
+missing factor, latency or per-token time as 0 (no effect in the simulator).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from pdlab.sim.latency import FittedLatency
+from pdlab.sim.latency import PROFILE_FORMAT, FittedLatency, load_profile
 
-__all__ = ["StepPoint", "step_points", "LinkFit", "Contention", "Admission", "PrefillStall", "Calibration"]
+__all__ = ["StepPoint", "step_points", "LinkFit", "Contention", "Admission", "PrefillStall", "RunFit", "Calibration",
+           "TERM_KEYS", "INFO_KEYS", "save_calibration", "load_calibration"]
 
 _NAN = float("nan")
 
@@ -44,7 +50,7 @@ def _read(cls: type, data: Mapping[str, Any], defaults: Mapping[str, Any]) -> An
 @dataclass(frozen=True, kw_only=True)
 class StepPoint:
     """One timed engine step of one kind: a row of the step-time fit
-    (:func:`pdlab.simreal.calibrate.fit_row`), from a live probe or a live run.
+    (:func:`pdlab.simreal.fit.fit_row`), from a live probe or a live run.
 
     ``prefill_tokens``: prompt tokens the step prefilled, Σl (tokens); ``prefill_sq_tokens``: Σl²
     (tokens²). ``decode_batch``: sequences the step decoded (count); ``decode_ctx_tokens``: the
@@ -55,7 +61,7 @@ class StepPoint:
     ``prompt_tokens``: decode probes only, each stream's prompt (tokens); None otherwise.
     ``times_s``: prefill probes, every sample's TTFT (s); () otherwise.
     ``passes`` / ``pass_medians_s``: prefill points merged over probe passes
-    (:func:`pdlab.simreal.calibrate.merge_prefill_points`): how many passes, each one's median (s).
+    (:func:`pdlab.simreal.fit.merge_prefill_points`): how many passes, each one's median (s).
 
     In a profile (``points``) a point is written by :meth:`to_dict` with these names as keys;
     ``prompt_tokens``, ``times_s`` and ``passes``/``pass_medians_s`` only when set.
@@ -147,7 +153,7 @@ class _ProfileEntry:
 @dataclass(frozen=True)
 class LinkFit(_ProfileEntry):
     """The KV hand-off fitted on TTFTs through the disaggregation proxy
-    (:func:`pdlab.simreal.calibrate.fit_handoff`): a hand-off of l tokens takes ``latency_s + l·s_per_token``.
+    (:func:`pdlab.simreal.fit.fit_handoff`): a hand-off of l tokens takes ``latency_s + l·s_per_token``.
 
     ``latency_s``: fixed time per hand-off (s; proxy, transfer set-up, decode-side work).
     ``s_per_token``: time per prompt token moved (s/token).
@@ -238,7 +244,7 @@ class Admission(_ProfileEntry):
 class PrefillStall(_ProfileEntry):
     """How long a prefill holds up the streams one server is decoding, against its lone TTFT
     (:func:`pdlab.serve.probes.probe_prefill_stall`, fitted by
-    :func:`pdlab.simreal.calibrate.fit_prefill_stall`).
+    :func:`pdlab.simreal.fit.fit_prefill_stall`).
 
     ``streams``: concurrent decode streams (count); ``stream_prompt``: their prompt (tokens).
     ``injections``: prefills timed among them (count); ``median_prompt``: their median prompt (tokens).
@@ -267,6 +273,53 @@ class PrefillStall(_ProfileEntry):
     off_engine_s: float
 
 
+@dataclass(frozen=True)
+class RunFit(_ProfileEntry):
+    """What a live run adds to the probe's fit beyond the coefficients and the contention
+    (:func:`pdlab.simreal.runfit.fit_on_run`); the replay applies every field.
+
+    ``front_end_s``: seconds each request spends before it reaches the engine, which the engine
+    does not spend (HTTP, tokenisation, a front end busy streaming other requests' tokens); the
+    request reaches the simulated engine that much after it was sent.
+    ``prefill_core_base_cores`` / ``prefill_core_cpu_s_per_request``: a prefill/decode pair's prefill
+    core shared with its co-runners (API servers, proxy, client): cores they take while requests
+    are in flight, and CPU seconds per request (:func:`pdlab.simreal.runfit.split_co_runner_cpu`);
+    the replay stretches the prefill row by ``1 / (1 − u)`` with ``u`` = base + rate × per request.
+
+    The profile's ``run_fit`` entry (older profiles hold the same three keys at the top level);
+    missing fields read as 0 (no effect).
+    """
+
+    _MISSING: ClassVar[Mapping[str, Any]] = {"front_end_s": 0.0, "prefill_core_base_cores": 0.0,
+                                             "prefill_core_cpu_s_per_request": 0.0}
+
+    front_end_s: float = 0.0
+    prefill_core_base_cores: float = 0.0
+    prefill_core_cpu_s_per_request: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"RunFit.{f.name} must be a finite number >= 0, got {v!r}")
+
+    @property
+    def has_prefill_core_load(self) -> bool:
+        """Whether the run fit charges a prefill core's co-runners."""
+        return self.prefill_core_base_cores > 0 or self.prefill_core_cpu_s_per_request > 0
+
+
+#: Profile keys of the terms the replay applies (each a record of this module).
+TERM_KEYS = ("kv_link", "cpu_contention", "prefill_stall", "run_fit", "admission")
+
+#: Profile keys that describe a calibration and change nothing the simulator does.
+INFO_KEYS = ("format", "tp", "pp", "prefill", "decode", "fit", "points", "handoff_points", "calibration_s", "source",
+             "model", "gpu", "url", "decode_url", "proxy_url", "probe_plan", "note", "device", "dtype", "setup")
+
+#: Top-level keys of older profiles that now live in ``run_fit``.
+_LEGACY_RUN_KEYS = ("front_end_s", "prefill_core_base_cores", "prefill_core_cpu_s_per_request")
+
+
 def _typed(meta: Mapping[str, Any], key: str, cls: type) -> Any:
     value = meta.get(key)
     return cls.from_dict(value) if value else None
@@ -274,19 +327,22 @@ def _typed(meta: Mapping[str, Any], key: str, cls: type) -> Any:
 
 @dataclass(frozen=True)
 class Calibration:
-    """A calibrated latency model with what was measured to get it (:func:`pdlab.serve.probes.calibrate`).
+    """A calibrated latency model with what was measured to get it (:func:`pdlab.serve.probes.calibrate`,
+    refitted on a live run by :func:`pdlab.simreal.runfit.fit_on_run`): the one record the replay
+    (:func:`pdlab.simreal.replay.replay`) applies.
 
     ``latency``: the fitted step times (:class:`FittedLatency`, coefficients in seconds); its
-    ``meta`` mirrors the typed fields below in their profile form (``kv_link``, ``cpu_contention``,
-    ``admission``, ``prefill_stall``, ``points``, ``handoff_points``, ``calibration_s``), kept in step on construction,
+    ``meta`` mirrors the typed fields below in their profile form, kept in step on construction,
     so ``latency`` alone — or a profile file read back — carries them.
     ``prefill_points`` / ``decode_points``: the timing points of the fit (:class:`StepPoint`; mappings
     in its profile form are read on construction).
     ``handoff_points``: TTFTs through the proxy, ``{"tokens", "ttft_s", "samples"}`` (tokens, s, count).
     ``kv_link``: the fitted hand-off, or None when no proxy was probed.
     ``contention``: each role's slowdown while the other works, or None (one server).
-    ``admission``: per-hand-off cost to running decode streams, or None.
+    ``admission``: per-hand-off cost to running decode streams, or None (recorded; the replay
+    charges it only when asked, ``admit_overhead_s``).
     ``prefill_stall``: what a prefill costs the streams one server decodes, or None (not probed).
+    ``run_fit``: what a live run added (front-end delay, prefill core load), or None (probe only).
     ``seconds``: wall time the probes and the fit took (s).
     """
 
@@ -299,41 +355,57 @@ class Calibration:
     admission: Admission | None = None
     seconds: float = 0.0
     prefill_stall: PrefillStall | None = None
+    run_fit: RunFit | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill_points", step_points(self.prefill_points))
         object.__setattr__(self, "decode_points", step_points(self.decode_points))
         object.__setattr__(self, "handoff_points", tuple(self.handoff_points))
         meta = {k: v for k, v in self.latency.meta.items()
-                if k not in ("kv_link", "cpu_contention", "admission", "prefill_stall", "points", "handoff_points",
-                             "calibration_s")}
+                if k not in TERM_KEYS + _LEGACY_RUN_KEYS + ("points", "handoff_points", "calibration_s")}
         points = [p.to_dict() for p in self.prefill_points + self.decode_points]
         for key, value in (("points", points), ("handoff_points", list(self.handoff_points))):
             if value:
                 meta[key] = value
         for key, record in (("kv_link", self.kv_link), ("cpu_contention", self.contention),
-                            ("admission", self.admission), ("prefill_stall", self.prefill_stall)):
+                            ("admission", self.admission), ("prefill_stall", self.prefill_stall),
+                            ("run_fit", self.run_fit)):
             if record is not None:
                 meta[key] = record.to_dict()
         meta["calibration_s"] = float(self.seconds)
-        lat = self.latency
-        object.__setattr__(self, "latency", FittedLatency(lat.prefill, lat.decode, tp=lat.tp, pp=lat.pp, meta=meta))
+        object.__setattr__(self, "latency", self.latency.derive(meta=meta))
 
     @classmethod
     def from_latency(cls, latency: FittedLatency) -> Calibration:
-        """The record a fitted model's ``meta`` holds (its profile keys parsed once, here)."""
+        """The record a fitted model's ``meta`` holds (its profile keys parsed once, here; an older
+        profile's top-level ``front_end_s`` and ``prefill_core_*`` keys become :class:`RunFit`)."""
         meta = latency.meta
         points = step_points(meta.get("points") or ())
         pre = [p for p in points if p.prefill_tokens > 0]
         dec = [p for p in points if p.decode_batch > 0]
+        run = _typed(meta, "run_fit", RunFit)
+        if run is None and any(meta.get(k) for k in _LEGACY_RUN_KEYS):
+            run = RunFit.from_dict({k: meta[k] for k in _LEGACY_RUN_KEYS if k in meta})
         return cls(latency, pre, dec, list(meta.get("handoff_points") or []), _typed(meta, "kv_link", LinkFit),
                    _typed(meta, "cpu_contention", Contention), _typed(meta, "admission", Admission),
-                   float(meta.get("calibration_s", 0.0)), _typed(meta, "prefill_stall", PrefillStall))
+                   float(meta.get("calibration_s", 0.0)), _typed(meta, "prefill_stall", PrefillStall), run)
+
+    def terms(self) -> list[str]:
+        """Profile keys of the terms the replay applies that this calibration holds (a contention
+        or run fit of all zeros counts as none; the admission only when charged)."""
+        out = []
+        if self.kv_link is not None:
+            out.append("kv_link")
+        if self.contention is not None and (self.contention.prefill or self.contention.decode):
+            out.append("cpu_contention")
+        if self.prefill_stall is not None and math.isfinite(self.prefill_stall.fixed_s):
+            out.append("prefill_stall")
+        if self.run_fit is not None and (self.run_fit.front_end_s or self.run_fit.has_prefill_core_load):
+            out.append("run_fit")
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """The profile JSON (``pdlab-latency-profile/1``, as :func:`pdlab.sim.latency.save_profile` writes)."""
-        from pdlab.sim.latency import PROFILE_FORMAT
-
         lat = self.latency
         return {"format": PROFILE_FORMAT, "tp": lat.tp, "pp": lat.pp, "prefill": list(lat.prefill),
                 "decode": list(lat.decode), **{k: v for k, v in lat.meta.items() if k not in ("tp", "pp")}}
@@ -353,4 +425,37 @@ class Calibration:
                 "fit": self.latency.meta.get("fit"), "kv_link": self.kv_link and self.kv_link.to_dict(),
                 "seconds": self.seconds, "cpu_contention": self.contention and self.contention.to_dict(),
                 "admission": self.admission and self.admission.to_dict(),
-                "prefill_stall": self.prefill_stall and self.prefill_stall.to_dict()}
+                "prefill_stall": self.prefill_stall and self.prefill_stall.to_dict(),
+                "run_fit": self.run_fit and self.run_fit.to_dict()}
+
+
+def save_calibration(calibration: Calibration, path: str | Path) -> Path:
+    """Write ``calibration`` as a profile JSON (``pdlab-latency-profile/1``, :meth:`Calibration.to_dict`;
+    readable by ``load_profile`` and :func:`load_calibration`). Creates the parent folder."""
+    if not isinstance(calibration, Calibration):
+        raise TypeError(f"save_calibration needs a Calibration, got {type(calibration).__name__} "
+                        "(wrap a fitted model: Calibration.from_latency(latency))")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(calibration.to_dict(), indent=2) + "\n")
+    return path
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read a calibrated profile: the model (checked by ``load_profile``) and its typed terms.
+
+    Raises ValueError for an unknown format, or naming every key that is neither a term the replay
+    applies (:data:`TERM_KEYS`, older profiles' run keys included) nor a description
+    (:data:`INFO_KEYS`): a term the simulator cannot apply must not be dropped silently."""
+    lat = load_profile(path)
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict) and "profiles" in data:
+        raise ValueError(f"{path}: a file of several profiles; load_calibration reads one calibration")
+    fmt = data.get("format")
+    if fmt not in (None, PROFILE_FORMAT):
+        raise ValueError(f"{path}: unknown profile format {fmt!r}; expected {PROFILE_FORMAT}")
+    unknown = sorted(k for k in data if k not in TERM_KEYS + INFO_KEYS + _LEGACY_RUN_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: terms the simulator cannot apply: {', '.join(unknown)} "
+                         f"(it applies {', '.join(TERM_KEYS)}; described only: {', '.join(INFO_KEYS)})")
+    return Calibration.from_latency(lat)

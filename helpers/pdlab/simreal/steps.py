@@ -29,13 +29,13 @@ from typing import Any
 from pdlab.models import ModelConfig
 from pdlab.roofline.measure import LayerShape, TorchLayer, time_fn, torch_dtype
 
-__all__ = ["MeasuredStep", "measure_steps", "step_fit_points", "fit_step_profile", "nnls_small"]
+__all__ = ["MeasuredStep", "measure_steps", "step_fit_points", "fit_step_profile"]
 
 
 @dataclass
 class MeasuredStep:
     """One measured forward step of the whole model (seconds); :func:`step_fit_points` turns it into a
-    fit row (the live probes' counterpart is :class:`pdlab.simreal.records.StepPoint`)."""
+    fit row (the live probes' counterpart is :class:`pdlab.simreal.calibration.StepPoint`)."""
 
     phase: str
     batch: int
@@ -149,52 +149,9 @@ def step_fit_points(points: Iterable[MeasuredStep | Mapping[str, Any]]) -> list[
     return rows
 
 
-def nnls_small(rows: list[list[float]], ys: list[float]) -> list[float]:
-    """Exact non-negative least squares for a few unknowns (every active set; numpy only).
-
-    The fallback of :func:`fit_step_profile` where scipy is missing (a bare GPU image).
-    """
-    import itertools
-
-    import numpy as np
-
-    a, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
-    scale = np.abs(a).max(axis=0)
-    scale[scale == 0] = 1.0
-    a = a / scale
-    n = a.shape[1]
-    best, best_res = np.zeros(n), float(np.sum(y ** 2))
-    for k in range(1, n + 1):
-        for cols in itertools.combinations(range(n), k):
-            sol, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
-            if np.all(sol >= 0):
-                x = np.zeros(n)
-                x[list(cols)] = sol
-                res = float(np.sum((a @ x - y) ** 2))
-                if res < best_res:
-                    best, best_res = x, res
-    return [float(v) for v in best / scale]
-
-
 def fit_step_profile(points: Iterable[MeasuredStep | Mapping[str, Any]], meta: dict[str, Any] | None = None):
-    """Fit measured steps to DistServe's form: a :class:`pdlab.sim.latency.FittedLatency`.
+    """Fit measured steps to DistServe's form: a :class:`pdlab.sim.latency.FittedLatency`
+    (:func:`pdlab.sim.latency.fit_latency`, which fits with numpy alone where scipy is missing)."""
+    from pdlab.sim.latency import fit_latency
 
-    Uses :func:`pdlab.sim.latency.fit_latency` (scipy's NNLS); without scipy, the same fit with
-    :func:`nnls_small`.
-    """
-    from pdlab.sim.latency import FittedLatency, fit_latency
-
-    rows = step_fit_points(points)
-    try:
-        import scipy.optimize  # noqa: F401
-    except ImportError:
-        pre = [r for r in rows if r["prefill_tokens"] > 0]
-        dec = [r for r in rows if r["decode_batch"] > 0]
-        if len(pre) < 3 or len(dec) < 3:
-            raise ValueError(f"need >= 3 prefill and >= 3 decode points, got {len(pre)} and {len(dec)}") from None
-        prefill = nnls_small([[1.0, r["prefill_tokens"], r["prefill_sq_tokens"]] for r in pre],
-                             [r["time_s"] for r in pre])
-        decode = nnls_small([[1.0, r["decode_ctx_tokens"], r["decode_batch"]] for r in dec],
-                            [r["time_s"] for r in dec])
-        return FittedLatency(tuple(prefill), tuple(decode), meta=dict(meta or {}))
-    return fit_latency(rows, meta=meta)
+    return fit_latency(step_fit_points(points), meta=meta)

@@ -1,5 +1,6 @@
-"""Unit tests of pdlab.simreal.calibrate: fitting (known coefficients recovered, bad input → clear errors),
-profiles readable by the simulator, simulator set-ups, and the error table. No live server."""
+"""Unit tests of pdlab.simreal's stages: fitting (known coefficients recovered, bad input → clear
+errors), the typed calibration and its profile file, the replay set up like the live deployments,
+the run fit, and the comparisons (error table, held-out validation, host floor). No live server."""
 
 from __future__ import annotations
 
@@ -12,25 +13,21 @@ import pytest
 from pdlab.metrics import SLO, RequestRecord
 from pdlab.serve.probes import PROBE_PLANS, ProbePlan
 from pdlab.sim.latency import FittedLatency, load_profile, sample_points
-from pdlab.simreal.calibrate import (
-    ERROR_COLUMNS,
-    TTFT_PHASES,
-    build_sim,
-    compare_runs,
-    decode_steps_vs_model,
-    error_table,
-    fit_handoff,
-    fit_profile,
-    fit_row,
-    live_ttft_phases,
+from pdlab.simreal.calibration import (
+    Admission,
+    Calibration,
+    Contention,
+    LinkFit,
+    PrefillStall,
+    RunFit,
+    StepPoint,
     load_calibration,
-    offered_prefill_load,
-    requests_from_records,
     save_calibration,
-    sim_ttft_phases,
-    simulate_like_live,
 )
-from pdlab.simreal.records import Admission, Calibration, Contention, LinkFit, StepPoint
+from pdlab.simreal.compare import ERROR_COLUMNS, compare_runs, error_table, offered_prefill_load
+from pdlab.simreal.fit import fit_handoff, fit_profile, fit_row
+from pdlab.simreal.replay import build_sim, replay, requests_from_records
+from pdlab.simreal.runfit import decode_steps_vs_model
 from pdlab.workloads import make_requests
 
 TRUE = FittedLatency((0.004, 2.0e-5, 3.0e-9), (0.003, 1.0e-7, 2.0e-4))
@@ -126,7 +123,7 @@ def test_probe_plans_are_identifiable_and_bad_plans_rejected():
 
 
 def test_merge_prefill_points_takes_the_median_over_every_pass():
-    from pdlab.simreal.calibrate import merge_prefill_points
+    from pdlab.simreal.fit import merge_prefill_points
 
     a = [StepPoint.prefill(256, 0.05, samples=3, times_s=(0.04, 0.05, 0.09))]
     b = [StepPoint.prefill(256, 0.07, samples=3, times_s=(0.07, 0.07, 0.08)),
@@ -222,7 +219,7 @@ def test_step_points_keep_the_profile_keys_of_the_probes_dicts():
     dec = StepPoint.decode(8, 8 * 300.0, 0.012, samples=70, prompt_tokens=256)
     assert set(dec.to_dict()) == {"prefill_tokens", "prefill_sq_tokens", "decode_batch", "decode_ctx_tokens", "time_s",
                                   "samples", "kind", "prompt_tokens"}
-    from pdlab.simreal.calibrate import merge_prefill_points
+    from pdlab.simreal.fit import merge_prefill_points
 
     (merged,) = merge_prefill_points([pre], [pre])
     assert list(merged.to_dict())[-2:] == ["passes", "pass_medians_s"] and merged.to_dict()["passes"] == 2
@@ -275,7 +272,7 @@ def test_cli_calibrate_rejects_bad_plan(capsys):
 # ------------------------------------------------------------------ simulator set-ups
 def test_colocated_sim_single_request_matches_the_model():
     reqs = make_requests([0.0], 300, 10)
-    (rec,) = simulate_like_live(reqs, "colocated", TRUE)
+    (rec,) = replay(reqs, "colocated", TRUE)
     assert math.isclose(rec.ttft_s, TRUE.prefill_time_s([300]), rel_tol=1e-9)
     steps = [TRUE.decode_time_s([300 + k]) for k in range(9)]  # the simulator reads the context before the step
     assert math.isclose(rec.finish_s - rec.first_token_s, sum(steps), rel_tol=1e-9)
@@ -283,42 +280,42 @@ def test_colocated_sim_single_request_matches_the_model():
 
 def test_disaggregated_sim_follows_the_proxy_protocol():
     reqs = make_requests([0.0], 300, 10)
-    link = {"latency_s": 0.02, "s_per_token": 1e-5}
-    (rec,) = simulate_like_live(reqs, "disaggregated", TRUE, kv_link=link)
+    link = LinkFit(latency_s=0.02, s_per_token=1e-5)
+    (rec,) = replay(reqs, "disaggregated", Calibration(TRUE, kv_link=link))
     handoff = 0.02 + 300 * 1e-5
     # prefill (its token is discarded), hand-off, then decode's first step gives the first token
     expected_ttft = TRUE.prefill_time_s([300]) + handoff + TRUE.decode_time_s([300])
     assert math.isclose(rec.ttft_s, expected_ttft, rel_tol=1e-9)
     assert rec.output_tokens == 10 and len(rec.token_times_s) == 10
     with pytest.raises(ValueError, match="mode must be"):
-        build_sim("chunked", TRUE)
+        build_sim("chunked", Calibration(TRUE))
 
 
 def test_disaggregated_sim_applies_measured_contention_and_vllm_handoff():
     """The second prompt's prefill starts while the first request decodes: it takes 1 + c_p times
     as long with the measured contention; a request alone is not slowed; the physics is vLLM's."""
     reqs = make_requests([0.0, 0.05], 300, 40)
-    base = {r.request_id: r for r in simulate_like_live(reqs, "disaggregated", TRUE, cpu_contention={})}
-    slowed = {r.request_id: r for r in simulate_like_live(reqs, "disaggregated", TRUE,
-                                                          cpu_contention={"prefill": 0.5, "decode": 0.0})}
+    base = {r.request_id: r for r in replay(reqs, "disaggregated", TRUE)}
+    measured = Calibration(TRUE, contention=Contention.from_dict({"prefill": 0.5, "decode": 0.0}))
+    slowed = {r.request_id: r for r in replay(reqs, "disaggregated", measured)}
     assert math.isclose(slowed[0].ttft_s, base[0].ttft_s, rel_tol=1e-9)   # alone: no peer busy
     prefill = TRUE.prefill_time_s([300])
     done = {k: r.extra["kv_transfer_start_s"] - r.arrival_s for k, r in (("base", base[1]), ("slowed", slowed[1]))}
     assert math.isclose(done["base"], prefill, rel_tol=1e-9)
     assert math.isclose(done["slowed"], 1.5 * prefill, rel_tol=1e-9)
     assert slowed[1].ttft_s > base[1].ttft_s
-    # the contention probe's result rides in the profile's meta and is the default
+    # a fitted model whose meta holds the profile's entry is read as the same calibration
     lat = FittedLatency(TRUE.prefill, TRUE.decode, meta={"cpu_contention": {"prefill": 0.5, "decode": 0.0}})
-    from_meta = {r.request_id: r for r in simulate_like_live(reqs, "disaggregated", lat)}
+    from_meta = {r.request_id: r for r in replay(reqs, "disaggregated", lat)}
     assert math.isclose(from_meta[1].ttft_s, slowed[1].ttft_s, rel_tol=1e-9)
-    sim = build_sim("disaggregated", lat)
+    sim = build_sim("disaggregated", measured)
     pre, dec = sim.specs
     assert (pre.cpu_contention, dec.cpu_contention) == (0.5, 0.0) and pre.cpu_group == dec.cpu_group == "host"
     assert dec.handoff_reservation == "vllm" and sim.link.sharing == "fair"
-    # the admission probe's F is at the CPU's noise level: kept in meta, used only when passed
-    lat.meta["admission"] = {"overhead_s": 0.06}
-    assert build_sim("disaggregated", lat).specs[1].admit_overhead_s == 0.0
-    assert build_sim("disaggregated", lat, admit_overhead_s=0.01).specs[1].admit_overhead_s == 0.01
+    # the admission probe's F is at the CPU's noise level: recorded, charged only when passed
+    admitted = dataclasses.replace(measured, admission=Admission.from_dict({"overhead_s": 0.06}))
+    assert build_sim("disaggregated", admitted).specs[1].admit_overhead_s == 0.0
+    assert build_sim("disaggregated", admitted, admit_overhead_s=0.01).specs[1].admit_overhead_s == 0.01
 
 
 def test_requests_from_records_uses_send_times_and_server_tokens():
@@ -402,30 +399,6 @@ def test_lab05_checks_pass_fail_and_not_attempted(monkeypatch):
         check_attainment_diff(0.5, live, sim, slo)
 
 
-def test_ttft_phases_live_and_simulated_add_up_and_load_is_work_over_span():
-    parts = {"proxy": 0.001, "prefill front end": 0.01, "prefill queue": 0.02, "prefill compute": 0.1,
-             "decode front end": 0.03, "decode queue": 0.005, "KV transfer": 0.004, "decode first step": 0.02}
-    live = live_ttft_phases(parts)
-    assert list(live) == list(TTFT_PHASES)
-    assert math.isclose(live["prefill side"], 0.131) and math.isclose(live["hand-off to first token"], 0.059)
-    assert math.isclose(sum(live.values()), sum(parts.values()))
-    with pytest.raises(KeyError):
-        live_ttft_phases({"proxy": 0.0})
-    reqs = make_requests([0.0, 0.05], 300, 12)
-    link = {"latency_s": 0.02, "s_per_token": 1e-5}
-    recs = simulate_like_live(reqs, "disaggregated", TRUE, kv_link=link, cpu_contention={})
-    sim = sim_ttft_phases(recs)
-    assert math.isclose(sum(sim.values()), float(np.mean([r.ttft_s for r in recs])), rel_tol=1e-9)
-    assert math.isclose(sim["prefill side"], float(np.mean([TRUE.prefill_time_s([300])] * 2)), rel_tol=1e-9)
-    assert sim["hand-off to first token"] > 0.02 + 300 * 1e-5   # the link, then decode's first step
-    with pytest.raises(ValueError, match="hand-off"):
-        sim_ttft_phases(simulate_like_live(reqs, "colocated", TRUE))
-    # two requests 0.05 s apart: rate 1/0.05 = 20 req/s, each prefill TRUE.prefill_time_s([300])
-    assert math.isclose(offered_prefill_load(reqs, TRUE), 20 * TRUE.prefill_time_s([300]), rel_tol=1e-9)
-    with pytest.raises(ValueError, match="at once"):
-        offered_prefill_load(make_requests([0.0, 0.0], 10, 2), TRUE)
-
-
 def test_decode_steps_vs_model_is_one_where_the_steps_follow_the_fit():
     """Two streams whose token gaps are exactly the fitted step of the batch at that moment give a
     ratio of 1; gaps while a third request waits for its first token are not quiet."""
@@ -455,34 +428,13 @@ def _varied_run(lat, seed=0, n=120, rate=6.0):
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1 / rate, n))
     reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
-    return simulate_like_live(reqs, "colocated", lat)
-
-
-def test_run_decode_points_and_refit_recover_the_decode_row_from_the_run_itself():
-    """Observe then predict: the quiet steps of a run that follows TRUE give back TRUE's decode row
-    (a probe-fitted latency whose decode row is 2× off is corrected; prefill and meta are kept)."""
-    from pdlab.simreal.calibrate import refit_decode_on_run, run_decode_points
-
-    recs = _varied_run(TRUE)
-    pts = run_decode_points(recs)
-    assert len(pts) >= 5 and all(p.time_s > 0 and p.samples >= 5 and p.kind == "decode" for p in pts)
-    assert len({p.decode_batch for p in pts}) >= 3
-    for p in pts:   # each point is TRUE's step at its batch and mean context, within the bucket's spread
-        assert p.time_s == pytest.approx(TRUE.step_time_s(0, 0.0, p.decode_batch, p.decode_ctx_tokens), rel=0.05)
-    off = FittedLatency(TRUE.prefill, tuple(2 * c for c in TRUE.decode), meta={"kv_link": {"latency_s": 1e-3},
-                                                                               "fit": {"decode": {"mape": 0.01}}})
-    fixed = refit_decode_on_run(off, recs)
-    assert fixed.prefill == TRUE.prefill and fixed.meta["kv_link"] == {"latency_s": 1e-3}
-    assert fixed.meta["fit"]["decode_probe"] == {"mape": 0.01} and fixed.meta["fit"]["decode"]["mape"] < 0.05
-    for b, ctx in ((1, 300), (4, 2000), (8, 4000)):
-        assert fixed.decode_time_s([ctx // b] * b) == pytest.approx(TRUE.decode_time_s([ctx // b] * b), rel=0.05)
-        assert off.decode_time_s([ctx // b] * b) == pytest.approx(2 * TRUE.decode_time_s([ctx // b] * b), rel=1e-9)
+    return replay(reqs, "colocated", lat)
 
 
 def test_quiet_step_ratio_is_one_for_the_true_model_and_halves_for_a_model_twice_as_slow():
     """The gap-weighted quiet-step ratio of a run that follows TRUE: 1 against TRUE, ½ against a
     decode row twice TRUE's."""
-    from pdlab.simreal.calibrate import quiet_step_ratio
+    from pdlab.simreal.runfit import quiet_step_ratio
 
     recs = _varied_run(TRUE)
     assert quiet_step_ratio(recs, TRUE) == pytest.approx(1.0, rel=0.02)
@@ -490,130 +442,19 @@ def test_quiet_step_ratio_is_one_for_the_true_model_and_halves_for_a_model_twice
     assert quiet_step_ratio(recs, slow) == pytest.approx(0.5, rel=0.02)
 
 
-def test_quiet_ttft_ratio_is_one_for_the_true_model_and_above_one_for_a_fast_prefill_row():
-    """A run that follows TRUE: its unqueued requests' TTFT is TRUE's replay of them (ratio 1);
-    against a prefill row half TRUE's, the live TTFT is longer than the replay's; an empty run is NaN."""
-    from pdlab.simreal.calibrate import quiet_ttft_ratio
-
-    recs = _varied_run(TRUE)
-    assert quiet_ttft_ratio(TRUE, recs, "colocated") == pytest.approx(1.0, abs=1e-9)
-    fast = FittedLatency(tuple(0.5 * c for c in TRUE.prefill), TRUE.decode)
-    assert 1.3 < quiet_ttft_ratio(fast, recs, "colocated") < 2.01
-    assert np.isnan(quiet_ttft_ratio(TRUE, [], "colocated"))
-
-
-def test_refit_prefill_on_run_brings_a_slow_probe_fit_to_the_runs_level():
-    """A run that follows TRUE, replayed with a prefill row 1.5× TRUE's: the prefill-quiet requests
-    set a scale near 1/1.5, which brings the row back to TRUE's; decode and meta are kept."""
-    from pdlab.simreal.calibrate import prefill_quiet_requests, refit_prefill_on_run
-
-    recs = _varied_run(TRUE, rate=2.0)
-    quiet = prefill_quiet_requests(recs)
-    assert 3 <= len(quiet) < len(recs)
-    for r in quiet:
-        assert not any(o is not r and o.arrival_s < r.first_token_s and o.first_token_s > r.arrival_s for o in recs)
-    slow = FittedLatency(tuple(1.5 * c for c in TRUE.prefill), TRUE.decode, meta={"fit": {"prefill": {"mape": 0.02}}})
-    fixed = refit_prefill_on_run(slow, recs, "colocated")
-    assert fixed.decode == TRUE.decode and fixed.meta["fit"]["prefill_probe"] == {"mape": 0.02}
-    assert fixed.meta["fit"]["prefill"]["scale"] == pytest.approx(1 / 1.5, rel=0.05)
-    assert fixed.meta["fit"]["prefill"]["requests"] == len(quiet)
-    for tokens in (64, 512, 1024):
-        assert fixed.prefill_time_s([tokens]) == pytest.approx(TRUE.prefill_time_s([tokens]), rel=0.05)
-    with pytest.raises(ValueError, match="met no prefill queue"):
-        refit_prefill_on_run(slow, recs[:2], "colocated", min_requests=3)
-
-
-def test_run_decode_points_ignore_zero_gaps_and_noisy_steps():
-    """Burst reads (0 s gaps) do not make a point; a run without steps that vary cannot be refitted."""
-    from pdlab.simreal.calibrate import refit_decode_on_run, run_decode_points
-
-    t = [0.1 + 0.01 * k for k in range(10)]
-    burst = RequestRecord(0, 0.0, 100, 10, 0.5, 0.5, token_times_s=[0.5] * 10)
-    steady = RequestRecord(1, 0.0, 100, 10, t[0], t[-1], token_times_s=t)
-    assert run_decode_points([burst]) == []
-    (pt,) = run_decode_points([steady])
-    assert pt.decode_batch == 1 and pt.time_s == pytest.approx(0.01) and pt.samples == 9
-    with pytest.raises(ValueError, match="need >= 3 decode points"):
-        refit_decode_on_run(TRUE, [steady])
-
-
-def test_joint_decode_fit_takes_the_level_from_a_slow_run_and_the_slopes_from_the_probe():
-    """A run at low load (batches 1–3) whose steps cost TRUE's plus 2 ms, with a probe that saw
-    TRUE over batches 1–16: the joint fit gives the run's level (a + 2 ms) and TRUE's slopes, so it
-    predicts batches the run never reached; the run's points alone cannot pin the slopes that well."""
-    from pdlab.simreal.calibrate import fit_decode_joint, refit_decode_on_run, run_decode_points
-
-    busy = FittedLatency(TRUE.prefill, (TRUE.decode[0] + 0.002, *TRUE.decode[1:]))
-    recs = _varied_run(busy, rate=1.0, n=60)
-    assert max(p.decode_batch for p in run_decode_points(recs)) <= 4
-    probe = [StepPoint.from_dict(p) for p in sample_points(TRUE, prefill_lengths=(), decode_batches=(1, 2, 4, 8, 16))]
-    (a, b, c), q = fit_decode_joint(run_decode_points(recs), probe)
-    assert a == pytest.approx(TRUE.decode[0] + 0.002, rel=0.05)
-    assert b == pytest.approx(TRUE.decode[1], rel=0.1) and c == pytest.approx(TRUE.decode[2], rel=0.1)
-    assert q["probe_level_s"] == pytest.approx(TRUE.decode[0], rel=0.05) and q["probe_points"] == len(probe)
-    joint = refit_decode_on_run(TRUE, recs, probe_points=probe)
-    assert joint.decode == pytest.approx((a, b, c)) and "probe's points" in joint.meta["fit"]["decode"]["source"]
-    for batch in (8, 16):
-        assert joint.decode_time_s([300] * batch) == pytest.approx(busy.decode_time_s([300] * batch), rel=0.02)
-    with pytest.raises(ValueError, match=">= 2 run decode points"):
-        fit_decode_joint(run_decode_points(recs)[:1], probe)
-    with pytest.raises(ValueError, match="cannot separate"):
-        fit_decode_joint([p for p in run_decode_points(recs) if p.decode_batch == 1],
-                         [p for p in probe if p.decode_batch == 1])   # one batch size: B is the intercepts' sum
-
-
-def test_step_ratio_windows_follow_the_run_over_time():
-    """A run that follows TRUE is at 1 in every window; against a decode row twice TRUE's, at ½; a
-    run whose steps double halfway shows the doubling in its later windows."""
-    from pdlab.simreal.calibrate import step_ratio_windows
-
-    recs = _varied_run(TRUE, rate=4.0, n=80)
-    rows = step_ratio_windows(recs, TRUE, window_s=4.0)
-    assert len(rows) >= 3 and all(r["gaps"] >= 20 for r in rows)
-    assert [r["start_s"] for r in rows] == sorted(r["start_s"] for r in rows)
-    assert all(r["ratio"] == pytest.approx(1.0, rel=0.03) for r in rows)
-    slow = FittedLatency(TRUE.prefill, tuple(2 * c for c in TRUE.decode))
-    assert all(r["ratio"] == pytest.approx(0.5, rel=0.03) for r in step_ratio_windows(recs, slow, window_s=4.0))
-    t = [0.01 * k for k in range(400)]
-    doubling = [0.0] + [x if x < 2.0 else 2.0 + 2 * (x - 2.0) for x in t[1:]]   # steps of 10 ms, then 20 ms
-    rec = RequestRecord(0, -0.001, 100, len(doubling), doubling[0], doubling[-1], token_times_s=doubling)
-    one = FittedLatency(TRUE.prefill, (0.01, 0.0, 0.0))
-    rows = step_ratio_windows([rec], one, window_s=1.0)
-    assert rows[0]["ratio"] == pytest.approx(1.0) and rows[-1]["ratio"] == pytest.approx(2.0)
-    with pytest.raises(ValueError, match="two or more token times"):
-        step_ratio_windows([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], TRUE)
-
-
-def test_window_memory_tells_a_slow_drift_from_jitter():
-    """A speed that drifts slowly is told by the window before (small error from the previous,
-    large from the median, r near 1); one that alternates has no memory (the previous window is
-    the worst guess); gaps in the windows are no pair; one window is an error."""
-    from pdlab.simreal.calibrate import window_memory
-
-    drift = [{"start_s": 5.0 * k, "ratio": 1.0 + 0.05 * k} for k in range(8)]
-    m = window_memory(drift, 5.0)
-    assert m["pairs"] == 7 and m["from previous"] < 0.05 < m["from median"] and m["lag-1 r"] > 0.99
-    jitter = [{"start_s": 5.0 * k, "ratio": 1.2 if k % 2 else 0.8} for k in range(8)]
-    j = window_memory(jitter, 5.0)
-    assert j["from previous"] > j["from median"] and j["lag-1 r"] == pytest.approx(-1.0)
-    holes = [{"start_s": 0.0, "ratio": 1.0}, {"start_s": 10.0, "ratio": 2.0}, {"start_s": 15.0, "ratio": 1.0}]
-    assert window_memory(holes, 5.0)["pairs"] == 1 and math.isnan(window_memory(holes, 5.0)["lag-1 r"])
-    with pytest.raises(ValueError, match="no two consecutive 5-s windows"):
-        window_memory(drift[:1], 5.0)
-
-
 def test_paired_error_is_zero_for_a_replay_of_itself_and_follows_each_request():
     """A live run that is its own model's replay: paired errors 0; a replay with a prefill twice as
     slow gives a positive paired TTFT error; pairs skip failed requests and match by send order."""
-    from pdlab.simreal.calibrate import paired_error, replay_pairs
+    from pdlab.simreal.compare import paired_error
+    from pdlab.simreal.replay import replay_pairs
 
     recs = _varied_run(TRUE, rate=2.0, n=40)
-    same = simulate_like_live(requests_from_records(recs), "colocated", TRUE)
+    same = replay(requests_from_records(recs), "colocated", TRUE)
     assert len(replay_pairs(recs, same)) == len(recs)
     assert paired_error(recs, same, "ttft") == pytest.approx(0.0, abs=1e-9)
     assert paired_error(recs, same, "tpot") == pytest.approx(0.0, abs=1e-9)
     slow = FittedLatency(tuple(2 * c for c in TRUE.prefill), TRUE.decode)
-    assert paired_error(recs, simulate_like_live(requests_from_records(recs), "colocated", slow), "ttft") > 0.3
+    assert paired_error(recs, replay(requests_from_records(recs), "colocated", slow), "ttft") > 0.3
     named = [dataclasses.replace(r, request_id=f"r{i}") for i, r in enumerate(recs)]
     named[3] = dataclasses.replace(named[3], ok=False, error="boom")
     pairs = replay_pairs(named, same)
@@ -622,104 +463,25 @@ def test_paired_error_is_zero_for_a_replay_of_itself_and_follows_each_request():
         paired_error(recs, same, "e2e")
 
 
-def test_refit_front_end_on_run_recovers_a_delay_outside_the_engine():
-    """A run whose requests each reach the engine 25 ms after they are sent (a busy front end):
-    the prefill-quiet requests give the delay back, the prefill and decode rows stay the probe's,
-    and the replay with the fit reproduces every request's TTFT and its token gaps; the scale
-    refit instead stretches prefill compute."""
-    from pdlab.simreal.calibrate import refit_front_end_on_run, refit_prefill_on_run
-    from pdlab.workloads import Request
-
-    rng = np.random.default_rng(1)
-    arrivals = np.cumsum(rng.exponential(1 / 2.0, 80))
-    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
-    live = simulate_like_live(reqs, "colocated", TRUE, front_end_s=0.025)
-    base = simulate_like_live(reqs, "colocated", TRUE)
-    assert all(a.ttft_s > b.ttft_s for a, b in zip(live, base, strict=True))
-    fitted = refit_front_end_on_run(TRUE, live, "colocated")
-    assert fitted.meta["front_end_s"] == pytest.approx(0.025, abs=1e-6)
-    assert fitted.prefill == TRUE.prefill and fitted.decode == TRUE.decode
-    again = simulate_like_live(reqs, "colocated", fitted)            # read from meta
-    assert [r.ttft_s for r in again] == pytest.approx([r.ttft_s for r in live], abs=1e-9)
-    assert refit_prefill_on_run(TRUE, live, "colocated").meta["fit"]["prefill"]["scale"] > 1.05
-    with pytest.raises(ValueError, match="front_end_s"):
-        simulate_like_live(reqs, "colocated", TRUE, front_end_s=-0.01)
-    with pytest.raises(ValueError, match="met no prefill queue"):
-        refit_front_end_on_run(TRUE, live[:2], "colocated", min_requests=3)
-
-
 def test_refit_decode_contention_on_run_measures_the_decode_roles_slowdown_while_prefill_works():
     """A pair whose decode steps take 1 + c as long while the prefill role works: the run's busy
     gaps over its quiet gaps give c back (the probe's value is kept in meta["fit"]); a run with
     too few gaps of either kind cannot be refitted."""
-    from pdlab.simreal.calibrate import refit_decode_contention_on_run
+    from pdlab.simreal.runfit import refit_decode_contention_on_run
     from pdlab.workloads import Request
 
     rng = np.random.default_rng(2)
     arrivals = np.cumsum(rng.exponential(1 / 8.0, 150))
     reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
-    probe = FittedLatency(TRUE.prefill, TRUE.decode, meta={"cpu_contention": {"prefill": 0.2, "decode": 0.5}})
+    probe = Calibration(TRUE, contention=Contention.from_dict({"prefill": 0.2, "decode": 0.5}))
     for c in (0.0, 0.1, 0.3):
-        recs = simulate_like_live(reqs, "disaggregated", TRUE, cpu_contention={"prefill": 0.0, "decode": c})
+        recs = replay(reqs, "disaggregated", Calibration(TRUE, contention=Contention.from_dict({"decode": c})))
         fitted = refit_decode_contention_on_run(probe, recs)
-        assert fitted.meta["cpu_contention"]["decode"] == pytest.approx(c, abs=1e-3)
-        assert fitted.meta["cpu_contention"]["prefill"] == 0.2 and fitted.meta["fit"]["contention_probe"] == 0.5
+        assert fitted.contention.decode == pytest.approx(c, abs=1e-3)
+        assert fitted.contention.prefill == 0.2 and fitted.latency.meta["fit"]["contention_decode"]["probe"] == 0.5
         assert build_sim("disaggregated", fitted).specs[1].cpu_contention == pytest.approx(c, abs=1e-3)
     with pytest.raises(ValueError, match="quiet and busy gaps"):
         refit_decode_contention_on_run(probe, recs[:3])
-
-
-def test_refit_handoff_on_run_recovers_the_hand_off_level_and_the_prefill_roles_contention():
-    """A pair whose live hand-off takes 10 ms and whose prefill steps take 1.15× while the decode
-    role streams, fitted from a probe that said 25 ms and 0.34: the run's prefill-quiet requests
-    give both back (idle decode → the hand-off, busy → the contention), the probe's values stay in
-    meta["fit"]; a part with too few requests keeps the probe's value."""
-    from pdlab.simreal.calibrate import refit_handoff_on_run
-    from pdlab.workloads import Request
-
-    rng = np.random.default_rng(3)
-    arrivals = np.cumsum(rng.exponential(1 / 2.0, 120))
-    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(8, 48))) for i, a in enumerate(arrivals)]
-    meta = {"kv_link": {"latency_s": 0.010, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.15, "decode": 0.05}}
-    live = simulate_like_live(reqs, "disaggregated", FittedLatency(TRUE.prefill, TRUE.decode, meta=meta))
-    probe = FittedLatency(TRUE.prefill, TRUE.decode, meta={"kv_link": {"latency_s": 0.025, "s_per_token": 2e-6},
-                                                            "cpu_contention": {"prefill": 0.34, "decode": 0.05}})
-    fitted = refit_handoff_on_run(probe, live)
-    assert fitted.meta["kv_link"]["latency_s"] == pytest.approx(0.010, abs=1e-3)
-    assert fitted.meta["kv_link"]["s_per_token"] == 2e-6
-    assert fitted.meta["cpu_contention"] == pytest.approx({"prefill": 0.15, "decode": 0.05}, abs=0.02)
-    info = fitted.meta["fit"]["handoff"]
-    assert info["latency_probe_s"] == 0.025 and info["prefill_contention_probe"] == 0.34
-    assert info["idle_requests"] >= 3 and info["busy_requests"] >= 3
-    assert fitted.prefill == probe.prefill and fitted.decode == probe.decode
-    assert info["prefill_contention_run"] == pytest.approx(0.15, abs=0.02)
-    few = refit_handoff_on_run(probe, live, min_requests=10_000)     # neither part has enough requests
-    assert few.meta["kv_link"]["latency_s"] == 0.025 and few.meta["cpu_contention"]["prefill"] == 0.34
-    assert few.meta["fit"]["handoff"]["prefill_contention_run"] is None
-    # a probe that saw less contention than the run caps the run's value (unless told not to)
-    low = FittedLatency(TRUE.prefill, TRUE.decode, meta={**probe.meta, "cpu_contention": {"prefill": 0.08, "decode": 0.05}})
-    capped = refit_handoff_on_run(low, live)
-    assert capped.meta["cpu_contention"]["prefill"] == 0.08
-    assert capped.meta["fit"]["handoff"]["prefill_contention_run"] == pytest.approx(0.15, abs=0.02)
-    assert refit_handoff_on_run(low, live, cap_at_probe=False).meta["cpu_contention"]["prefill"] == pytest.approx(0.15, abs=0.02)
-    # shrunk toward the probe by the requests that set each part: n0 = n lands halfway
-    info = fitted.meta["fit"]["handoff"]
-    idle, busy, run_shift = info["idle_requests"], info["busy_requests"], info["latency_shift_run_s"]
-    assert run_shift == pytest.approx(-0.015, abs=1e-3)
-    half = refit_handoff_on_run(probe, live, prior_requests=busy).meta
-    assert half["cpu_contention"]["prefill"] == pytest.approx(0.5 * (info["prefill_contention_run"] + 0.34))
-    assert half["fit"]["handoff"]["prior_requests"] == busy
-    assert half["kv_link"]["latency_s"] == pytest.approx(0.025 + run_shift * idle / (idle + busy))
-    far = refit_handoff_on_run(probe, live, prior_requests=1e9).meta   # a prior that outweighs any run
-    assert far["kv_link"]["latency_s"] == pytest.approx(0.025) and far["cpu_contention"]["prefill"] == pytest.approx(0.34)
-    # an infinite prior: exactly the probe's values, the run's still recorded
-    probe_only = refit_handoff_on_run(probe, live, prior_requests=math.inf).meta
-    assert probe_only["kv_link"]["latency_s"] == 0.025 and probe_only["cpu_contention"]["prefill"] == 0.34
-    assert probe_only["fit"]["handoff"]["latency_shift_run_s"] == run_shift
-    assert probe_only["fit"]["handoff"]["prefill_contention_run"] == info["prefill_contention_run"]
-    for bad in (-1, math.nan):
-        with pytest.raises(ValueError, match="prior_requests must be >= 0"):
-            refit_handoff_on_run(probe, live, prior_requests=bad)
 
 
 def test_prefill_core_load_stretches_the_pairs_prefill_by_the_co_runners_share_at_the_replayed_rate():
@@ -727,35 +489,36 @@ def test_prefill_core_load_stretches_the_pairs_prefill_by_the_co_runners_share_a
     plus 20 ms of CPU per request: at 5 req/s the co-runners take u = 0.2 of that core, so an
     unqueued prefill takes 1/(1 − 0.2) of its compute; at 10 req/s u = 0.3. The decode role and a
     colocated replay are untouched; u >= 1 and a colocated mode are errors that name the problem."""
-    from pdlab.simreal.calibrate import arrival_rate_rps, with_prefill_core_load
+    from pdlab.simreal.replay import arrival_rate_rps, with_prefill_core_load
     from pdlab.workloads import Request
 
-    lat = FittedLatency(TRUE.prefill, TRUE.decode,
-                        meta={"prefill_core_base_cores": 0.1, "prefill_core_cpu_s_per_request": 0.020})
+    run = RunFit(prefill_core_base_cores=0.1, prefill_core_cpu_s_per_request=0.020)
+    lat = FittedLatency(TRUE.prefill, TRUE.decode)
     for rate, u in ((5.0, 0.2), (10.0, 0.3)):
         reqs = [Request(i, i / rate, 512, 8) for i in range(11)]
         assert arrival_rate_rps(reqs) == pytest.approx(rate)
-        loaded = with_prefill_core_load(lat, reqs)
+        loaded = with_prefill_core_load(lat, run, reqs)
         assert loaded.prefill_time_s([512]) == pytest.approx(TRUE.prefill_time_s([512]) / (1 - u))
-        assert loaded.decode == TRUE.decode and loaded.meta["prefill_core_share_taken"] == pytest.approx(u)
-    assert with_prefill_core_load(FittedLatency(TRUE.prefill, TRUE.decode), [Request(0, 0.0, 8, 1),
-                                                                         Request(1, 1.0, 8, 1)]).prefill == TRUE.prefill
+        assert loaded.decode == TRUE.decode
+    assert with_prefill_core_load(lat, RunFit(), [Request(0, 0.0, 8, 1), Request(1, 1.0, 8, 1)]).prefill == TRUE.prefill
     sparse = [Request(i, 1.0 * i, 512, 2) for i in range(5)]    # 1 req/s: u = 0.12, no queue at all
-    plain = simulate_like_live(sparse, "disaggregated", FittedLatency(TRUE.prefill, TRUE.decode))
-    with_load = simulate_like_live(sparse, "disaggregated", lat)
+    plain = replay(sparse, "disaggregated", lat)
+    with_load = replay(sparse, "disaggregated", Calibration(lat, run_fit=run))
     for a, b in zip(plain, with_load, strict=True):
         assert b.ttft_s - a.ttft_s == pytest.approx(TRUE.prefill_time_s([512]) * (1 / 0.88 - 1), rel=1e-6)
         assert b.tpot_s == pytest.approx(a.tpot_s)
     with pytest.raises(ValueError, match="co-runners would need 1.30 cores"):
-        with_prefill_core_load(lat, [Request(i, i / 60.0, 8, 1) for i in range(4)])
-    with pytest.raises(ValueError, match="no prefill role"):
-        simulate_like_live(sparse, "colocated", lat)
+        with_prefill_core_load(lat, run, [Request(i, i / 60.0, 8, 1) for i in range(4)])
+    with pytest.raises(ValueError, match="colocated replay cannot apply the calibration's run_fit"):
+        replay(sparse, "colocated", Calibration(lat, run_fit=run))
+    with pytest.raises(ValueError, match="must be a finite number >= 0"):
+        RunFit(front_end_s=-1.0)
 
 
 def test_arrival_rate_leaves_out_the_breaks_between_a_runs_blocks():
     """Two blocks of Poisson arrivals at 4 req/s, 60 s apart (lab 05 runs each rate in blocks):
     the rate is the blocks' own, not the span's; equal arrivals have none."""
-    from pdlab.simreal.calibrate import arrival_rate_rps
+    from pdlab.simreal.replay import arrival_rate_rps
     from pdlab.workloads import Request
 
     rng = np.random.default_rng(5)
@@ -770,7 +533,7 @@ def test_split_co_runner_cpu_recovers_a_base_rate_and_a_cost_per_request():
     """Two blocks of Poisson arrivals; the co-runners burn 0.12 of a core while any request is in
     flight plus 27 ms per request spread over its life, sampled every 0.25 s (with 10 ms ticks, as
     /proc counts): the split gives both back; too few windows is an error."""
-    from pdlab.simreal.calibrate import refit_prefill_core_load_on_run, split_co_runner_cpu
+    from pdlab.simreal.runfit import refit_prefill_core_load_on_run, split_co_runner_cpu
 
     rng = np.random.default_rng(11)
     recs, blocks = [], []
@@ -797,42 +560,13 @@ def test_split_co_runner_cpu_recovers_a_base_rate_and_a_cost_per_request():
     assert split["windows"] >= 20 and split["r2"] > 0.5
     with pytest.raises(ValueError, match="need >= 4 windows"):
         split_co_runner_cpu([blocks[0][:3]], recs)
-    fitted = refit_prefill_core_load_on_run(FittedLatency(TRUE.prefill, TRUE.decode), blocks, recs)
-    assert fitted.meta["prefill_core_base_cores"] == split["base_cores"]
-    assert fitted.meta["prefill_core_cpu_s_per_request"] == split["cpu_s_per_request"]
-    assert fitted.prefill == TRUE.prefill and fitted.meta["fit"]["prefill_core_load"]["windows"] == split["windows"]
-    only = refit_prefill_core_load_on_run(FittedLatency(TRUE.prefill, TRUE.decode), blocks, recs, per_request_only=True)
-    assert only.meta["prefill_core_base_cores"] == 0.0
-
-
-def test_matched_prefill_contention_reproduces_the_runs_median_ttft():
-    """A pair whose prefill steps take 1.6× while decode streams: from a fit that says 2.0 (too slow)
-    or 0 (too fast), matching the run's own median TTFT gives the contention back (within 0.15:
-    the median is flat over a range of it) and the replay's median TTFT the run's; a fit already
-    too slow at 0 (a 2-s hand-off) gets 0, with both values recorded."""
-    from pdlab.metrics import ttft_s
-    from pdlab.simreal.calibrate import match_prefill_contention_on_run
-    from pdlab.workloads import Request
-
-    rng = np.random.default_rng(5)
-    arrivals = np.cumsum(rng.exponential(1 / 4.0, 100))
-    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(8, 48))) for i, a in enumerate(arrivals)]
-    meta = {"kv_link": {"latency_s": 0.010, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.6, "decode": 0.05}}
-    live = simulate_like_live(reqs, "disaggregated", FittedLatency(TRUE.prefill, TRUE.decode, meta=meta))
-    for start in (2.0, 0.0):
-        fit = FittedLatency(TRUE.prefill, TRUE.decode, meta={**meta, "cpu_contention": {"prefill": start, "decode": 0.05}})
-        matched = match_prefill_contention_on_run(fit, live)
-        assert matched.meta["cpu_contention"] == pytest.approx({"prefill": 0.6, "decode": 0.05}, abs=0.15)
-        replay = simulate_like_live(reqs, "disaggregated", matched)
-        assert np.median(ttft_s(replay)) == pytest.approx(np.median(ttft_s(live)), rel=0.02)
-        assert matched.meta["fit"]["prefill_contention_match"]["before"] == start
-        assert matched.decode == TRUE.decode and matched.meta["kv_link"] == meta["kv_link"]
-    slow = FittedLatency(TRUE.prefill, TRUE.decode, meta={**meta, "kv_link": {"latency_s": 2.0, "s_per_token": 0.0}})
-    zero = match_prefill_contention_on_run(slow, live)
-    assert zero.meta["cpu_contention"]["prefill"] == 0.0
-    info = zero.meta["fit"]["prefill_contention_match"]
-    assert (info["before"], info["after"]) == (0.6, 0.0)
-    assert info["live_ttft_p50_s"] == pytest.approx(float(np.median(ttft_s(live))))
+    fitted = refit_prefill_core_load_on_run(Calibration(TRUE), blocks, recs)
+    assert fitted.run_fit.prefill_core_base_cores == split["base_cores"]
+    assert fitted.run_fit.prefill_core_cpu_s_per_request == split["cpu_s_per_request"]
+    assert fitted.latency.prefill == TRUE.prefill
+    assert fitted.latency.meta["fit"]["prefill_core_load"]["windows"] == split["windows"]
+    only = refit_prefill_core_load_on_run(Calibration(TRUE), blocks, recs, per_request_only=True)
+    assert only.run_fit.prefill_core_base_cores == 0.0
 
 
 def test_scaled_decode_row_takes_one_factor_from_the_run_and_the_shape_from_the_probe():
@@ -840,55 +574,22 @@ def test_scaled_decode_row_takes_one_factor_from_the_run_and_the_shape_from_the_
     that saw TRUE gives 1.3 and TRUE's row × 1.3, so it predicts batches the run never reached;
     prefill and meta are kept, the probe's fit quality moves to ``decode_probe``; a run without
     quiet steps cannot be scaled."""
-    from pdlab.simreal.calibrate import run_decode_points, scale_decode_on_run
+    from pdlab.simreal.runfit import run_decode_points, scale_decode_on_run
 
     slow = FittedLatency(TRUE.prefill, tuple(1.3 * c for c in TRUE.decode))
     recs = _varied_run(slow, rate=1.0, n=60)
     assert max(p.decode_batch for p in run_decode_points(recs)) <= 4
-    probe = FittedLatency(TRUE.prefill, TRUE.decode, meta={"kv_link": {"latency_s": 1e-3},
-                                                           "fit": {"decode": {"mape": 0.01}}})
+    probe = Calibration(FittedLatency(TRUE.prefill, TRUE.decode, meta={"fit": {"decode": {"mape": 0.01}}}),
+                        kv_link=LinkFit(1e-3, 0.0))
     scaled = scale_decode_on_run(probe, recs)
-    info = scaled.meta["fit"]["decode"]
+    info = scaled.latency.meta["fit"]["decode_run_scale"]
     assert info["scale"] == pytest.approx(1.3, rel=0.03) and info["mape"] < 0.05 and info["points"] >= 2
-    assert scaled.meta["fit"]["decode_probe"] == {"mape": 0.01} and scaled.meta["kv_link"] == {"latency_s": 1e-3}
-    assert scaled.prefill == TRUE.prefill
+    assert scaled.latency.meta["fit"]["decode"] == {"mape": 0.01} and scaled.kv_link == probe.kv_link
+    assert scaled.latency.prefill == TRUE.prefill
     for batch in (8, 16):
-        assert scaled.decode_time_s([300] * batch) == pytest.approx(slow.decode_time_s([300] * batch), rel=0.03)
+        assert scaled.latency.decode_time_s([300] * batch) == pytest.approx(slow.decode_time_s([300] * batch), rel=0.03)
     with pytest.raises(ValueError, match="no quiet decode step group"):
         scale_decode_on_run(probe, [RequestRecord(0, 0.0, 100, 3, 0.5, 0.5, token_times_s=[0.5] * 3)])
-
-
-def test_decode_gap_tail_finds_one_stall_shared_by_two_streams_and_merged_chunks():
-    """Two streams stepping exactly at the fit, then one stall of 10 fitted steps that both see:
-    the stall counts once in wall-clock time, its gaps carry all the excess, and a token the
-    server counted but no chunk was timed for is a shared-chunk token whose step the time ratio counts."""
-    from pdlab.simreal.calibrate import decode_gap_tail
-
-    lat = FittedLatency((0.01, 0.0, 0.0), (0.005, 0.0, 0.0))   # every step 5 ms
-    times = [0.005 * k for k in range(10)]
-    times = times[:5] + [t + 0.045 for t in times[5:]]          # the 5th gap is 50 ms: 10 steps
-    a = RequestRecord(0, -0.1, 100, 10, times[0], times[-1], token_times_s=list(times))
-    b = RequestRecord(1, -0.1, 100, 11, times[0], times[-1], token_times_s=list(times))   # one merged token
-    tail = decode_gap_tail([a, b], lat)
-    assert tail["gaps"] == 18 and tail["median ratio"] == pytest.approx(1.0)
-    assert tail["long share"] == pytest.approx(2 / 18) and tail["long excess share"] == pytest.approx(1.0)
-    # b took 10 steps in 9 gaps: its fitted time counts 10 steps
-    assert tail["time ratio"] == pytest.approx((18 * 0.005 + 2 * 0.045) / (9 * 0.005 + 10 * 0.005))
-    assert tail["stall s per request"] == pytest.approx(0.045 / 2)
-    assert tail["shared chunk tokens"] == pytest.approx(1 / 21)
-    # nobody waited for a first token: every gap is quiet
-    assert tail["quiet time ratio"] == pytest.approx(tail["time ratio"]) and tail["waiting share"] == 0.0
-    assert np.isnan(tail["waiting time ratio"])
-    # a third request waits for its first token over the stall and the gap after it: those four
-    # gaps are waiting gaps (two streams; b's fitted steps count 10 ÷ 9 each), the others quiet
-    c = RequestRecord(2, times[4] + 0.001, 100, 2, times[6] + 0.001, times[6] + 0.006,
-                      token_times_s=[times[6] + 0.001, times[6] + 0.006])
-    split = decode_gap_tail([a, b, c], lat)
-    assert split["waiting share"] == pytest.approx(4 / 19)
-    assert split["waiting time ratio"] == pytest.approx((2 * 0.05 + 2 * 0.005) / (2 * 0.005 + 2 * 0.005 * 10 / 9))
-    assert split["quiet time ratio"] == pytest.approx(15 * 0.005 / (7 * 0.005 + 7 * 0.005 * 10 / 9 + 0.005))
-    with pytest.raises(ValueError, match="two or more token times"):
-        decode_gap_tail([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], lat)
 
 
 def test_chunk_token_counts_make_a_merged_gap_several_steps():
@@ -896,12 +597,7 @@ def test_chunk_token_counts_make_a_merged_gap_several_steps():
     by a chunk of 3 tokens spans 3 steps, not one long step. Against the same record without the
     counts, the per-step median, the long share, the time ratio and the context all follow the
     counts; a chunk that held no token (a chat role chunk) is no step."""
-    from pdlab.simreal.calibrate import (
-        _run_step_gaps,
-        decode_gap_tail,
-        decode_steps_vs_model,
-        run_decode_points,
-    )
+    from pdlab.simreal.runfit import run_decode_points, step_gaps
 
     lat = FittedLatency((0.01, 0.0, 0.0), (0.005, 0.0, 0.0))   # every step 5 ms
     times = [0.0, 0.005, 0.010, 0.025, 0.030, 0.035]            # the 3rd gap is 15 ms: 3 steps merged
@@ -910,15 +606,10 @@ def test_chunk_token_counts_make_a_merged_gap_several_steps():
                          chunk_tokens=[1, 1, 1, 3, 1, 1])
     role = RequestRecord(0, -0.1, 100, 8, 0.0, times[-1], token_times_s=[0.0, *times],
                          chunk_tokens=[0, 1, 1, 1, 3, 1, 1])
-    gaps = _run_step_gaps([told])
-    assert [g.steps for g in gaps] == [1, 1, 3, 1, 1] and [g.steps for g in _run_step_gaps([blind])] == [None] * 5
+    gaps = step_gaps([told])
+    assert [g.steps for g in gaps] == [1, 1, 3, 1, 1] and [g.steps for g in step_gaps([blind])] == [None] * 5
     assert [g.context for g in gaps] == [100, 101, 102, 105, 106]   # prompt + tokens before the midpoint − 1
-    assert [dataclasses.replace(g, stream=0) for g in _run_step_gaps([role])] == gaps
-    for rec, long_share, median in ((blind, 1 / 5, 1.0), (told, 0.0, 1.0)):
-        tail = decode_gap_tail([rec], lat)
-        assert tail["long share"] == pytest.approx(long_share) and tail["median ratio"] == pytest.approx(median)
-        assert tail["time ratio"] == pytest.approx(0.035 / (7 * 0.005))     # 7 steps either way
-        assert tail["shared chunk tokens"] == pytest.approx(2 / 8)
+    assert [dataclasses.replace(g, stream=0) for g in step_gaps([role])] == gaps
     # per step: 7 quiet steps of 5 ms with the counts; 5 gaps, one of 15 ms, without
     (row,) = decode_steps_vs_model([told], lat)
     assert row["quiet gaps"] == 7 and row["live / fitted, quiet"] == pytest.approx(1.0)
@@ -927,116 +618,11 @@ def test_chunk_token_counts_make_a_merged_gap_several_steps():
     assert point.samples == 7 and point.time_s == pytest.approx(0.005)
 
 
-def test_every_public_function_of_calibrate_is_exported():
-    """Lab 05 imports the run-fit helpers by name: each public top-level function and class of the
-    module is in its ``__all__`` (scale_decode_on_run and match_prefill_contention_on_run were not)."""
-    import inspect
-
-    import pdlab.simreal.calibrate as cal
-
-    public = {name for name, obj in vars(cal).items() if not name.startswith("_")
-              and (inspect.isfunction(obj) or inspect.isclass(obj)) and obj.__module__ == cal.__name__}
-    assert public - set(cal.__all__) == set()
-    assert {"scale_decode_on_run", "match_prefill_contention_on_run"} <= set(cal.__all__)
-
-
-def test_fit_on_run_chains_the_run_refits_of_each_set_up():
-    """Lab 05's run fit: colocated, the decode row scaled to the run and the front-end delay; a
-    pair, also the decode role's contention, the prefill core's co-runners when their samples are
-    given, the hand-off with the prefill contention uncapped, both the probe's (an infinite
-    prior) unless told otherwise, and the decode row's level matched to the run's median TPOT;
-    the prefill row stays the probe's."""
-    from pdlab.simreal.calibrate import (
-        fit_on_run,
-        match_decode_to_tpot_on_run,
-        refit_decode_contention_on_run,
-        refit_front_end_on_run,
-        refit_handoff_on_run,
-        scale_decode_on_run,
-    )
-    from pdlab.workloads import Request
-
-    rng = np.random.default_rng(4)
-    arrivals = np.cumsum(rng.exponential(1 / 3.0, 100))
-    reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
-    meta = {"kv_link": {"latency_s": 0.010, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.15, "decode": 0.05}}
-    probe = FittedLatency(TRUE.prefill, [1.2 * c for c in TRUE.decode], meta={
-        "kv_link": {"latency_s": 0.025, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.05, "decode": 0.0}})
-    for mode in ("colocated", "disaggregated"):
-        live = simulate_like_live(reqs, mode, FittedLatency(TRUE.prefill, TRUE.decode, meta=meta), front_end_s=0.02)
-        for prior, kw in ((math.inf, {}), (10.0, {"prior_requests": 10.0}), (0.0, {"prior_requests": 0.0})):
-            fit = fit_on_run(probe, live, mode, **kw)
-            step = scale_decode_on_run(probe, live)
-            if mode == "disaggregated":
-                step = refit_handoff_on_run(refit_decode_contention_on_run(step, live), live, cap_at_probe=False,
-                                            prior_requests=prior)
-                probe_c_p = probe.meta["cpu_contention"]["prefill"]
-                if math.isinf(prior):   # the probe's values, the run's (uncapped, above the probe's) recorded
-                    assert fit.meta["cpu_contention"]["prefill"] == probe_c_p
-                    assert fit.meta["kv_link"]["latency_s"] == probe.meta["kv_link"]["latency_s"]
-                    assert fit.meta["fit"]["handoff"]["prefill_contention_run"] > probe_c_p
-                else:
-                    assert fit.meta["cpu_contention"]["prefill"] > probe_c_p   # uncapped
-                assert fit.meta["fit"]["handoff"]["prior_requests"] == prior
-                step = match_decode_to_tpot_on_run(step, live, mode)
-                assert "decode_tpot_match" in fit.meta["fit"]
-            step = refit_front_end_on_run(step, live, mode)
-            assert fit.prefill == probe.prefill and fit.decode == pytest.approx(step.decode)
-            assert fit.meta["front_end_s"] == pytest.approx(step.meta["front_end_s"])
-            assert fit.meta["cpu_contention"] == step.meta["cpu_contention"]
-            assert fit.meta.get("kv_link") == step.meta.get("kv_link")
-
-
-def test_ttft_sides_split_each_request_by_the_proxys_prefill_leg():
-    """Live prefill leg against the replay's arrival → KV pull; the rest against KV pull → first token."""
-    from pdlab.simreal.calibrate import streams_on_arrival, ttft_sides
-
-    live = [RequestRecord(0, 0.0, 100, 4, 0.100, 0.400, extra={"prefill_leg_s": 0.070}),
-            RequestRecord(1, 0.2, 100, 4, 0.330, 0.600, extra={"prefill_leg_s": 0.095}),
-            RequestRecord(2, 0.3, 100, 4, 0.420, 0.700)]            # no prefill leg: left out
-    sims = [RequestRecord(0, 0.0, 100, 4, 0.090, 0.400, extra={"kv_transfer_start_s": 0.060}),
-            RequestRecord(1, 0.2, 100, 4, 0.300, 0.600, extra={"kv_transfer_start_s": 0.270}),
-            RequestRecord(2, 0.3, 100, 4, 0.400, 0.700, extra={"kv_transfer_start_s": 0.360})]
-    assert streams_on_arrival(live) == {0: 0, 1: 1, 2: 1}
-    rows = ttft_sides(live, sims)
-    assert [r["streams"] for r in rows] == [0, 1] and [r["request_id"] for r in rows] == [0, 1]
-    assert rows[0]["prefill_side_s"] == pytest.approx(0.070 - 0.060)           # live leg − replayed arrival → pull
-    assert rows[0]["handoff_side_s"] == pytest.approx((0.100 - 0.070) - (0.090 - 0.060))
-    assert rows[1]["prefill_side_s"] == pytest.approx(0.095 - 0.070)
-    assert rows[1]["handoff_side_s"] == pytest.approx((0.130 - 0.095) - (0.100 - 0.070))
-    assert ttft_sides([dataclasses.replace(r, extra={}) for r in live], sims) == []
-
-
-def test_load_saved_run_reads_what_lab_05_writes_for_offline_refits(tmp_path):
-    """Calibration, KV capacity, each rate's records (ascending), completed requests and CPU samples."""
-    from pdlab.metrics import write_records
-    from pdlab.simreal.calibrate import load_saved_run
-
-    lat = FittedLatency((0.01, 1e-5, 0.0), (0.004, 1e-7, 1e-4))
-    save_calibration(Calibration.from_latency(lat), tmp_path / "disaggregated_profile.json")
-    (tmp_path / "kv_capacity.json").write_text(json.dumps({"colocated": 1000, "disaggregated": 4096}))
-    late, early = RequestRecord(1, 0.5, 10, 4, 0.6, 0.9), RequestRecord(0, 0.1, 10, 4, 0.2, 0.5)
-    failed = dataclasses.replace(RequestRecord(2, 0.3, 10, 4, None, None), ok=False, error="500")
-    write_records([late, failed, early], tmp_path / "disaggregated_8.8rps_records.jsonl")
-    write_records([early], tmp_path / "disaggregated_2.9rps_records.jsonl")
-    (tmp_path / "disaggregated_8.8rps_cpu_samples.json").write_text(json.dumps([[[0.0, 1.0]], [[1.0, 2.0]]]))
-
-    run = load_saved_run(tmp_path, "disaggregated")
-    assert list(run.records) == [2.9, 8.8] and run.kv_capacity_tokens == 4096
-    assert run.calibration.latency.prefill == pytest.approx(lat.prefill)
-    assert len(run.records[8.8]) == 3                                   # as written, the failure too
-    assert [r.request_id for r in run.completed(8.8)] == [0, 1]        # completed, in arrival order
-    assert run.cpu_samples(8.8) == [[[0.0, 1.0]], [[1.0, 2.0]]]
-    with pytest.raises(ValueError, match="no colocated_<rate>rps_records.jsonl"):
-        load_saved_run(tmp_path, "colocated")
-
-
 def test_prefill_stall_fit_keeps_the_fixed_part_within_the_lone_ttfts_and_the_profile_keeps_it():
     """Stalls of κ + b_p·P + c_p·P² give κ back; κ is kept within [0, a_p − a_d] (the raw median
     recorded) and the rest of a_p − a_d is off-engine; an empty probe is a clear error; a profile
     entry without its times reads as NaN (no split)."""
-    from pdlab.simreal.calibrate import fit_prefill_stall
-    from pdlab.simreal.records import PrefillStall
+    from pdlab.simreal.fit import fit_prefill_stall
 
     (ap, bp, cp), ad = TRUE.prefill, TRUE.decode[0]          # a_p − a_d = 1 ms
     rows = [{"prompt_tokens": p, "stall_s": 0.0004 + bp * p + cp * p * p + e}
@@ -1059,25 +645,25 @@ def test_colocated_replay_charges_a_prefill_the_engine_part_and_keeps_a_lone_ttf
     prefill) and delays each request by the rest: one prompt alone has the same TTFT as without;
     four streams stepping together are held up by fixed_s + the per-token terms when a prompt joins
     them, not by a_p − a_d + those; a pair's replay and a stall of unknown size change nothing."""
-    from pdlab.simreal.calibrate import engine_latency, fit_prefill_stall
+    from pdlab.simreal.fit import fit_prefill_stall
+    from pdlab.simreal.replay import engine_latency
     from pdlab.workloads import Request
 
     lat = FittedLatency((0.012, 2.0e-5, 3.0e-9), (0.003, 1.0e-7, 2.0e-4))
     stall = fit_prefill_stall([{"prompt_tokens": 200, "stall_s": 0.004 + 2.0e-5 * 200 + 3.0e-9 * 200 ** 2}], lat,
                               streams=4, stream_prompt=256)
-    split = FittedLatency(lat.prefill, lat.decode, meta={"prefill_stall": stall.to_dict()})
+    split = Calibration(lat, prefill_stall=stall)
     engine, off = engine_latency(split)
     assert engine.prefill == pytest.approx((0.007, 2.0e-5, 3.0e-9)) and off == pytest.approx(0.005)
-    assert engine_latency(lat) == (lat, 0.0)
-    unknown = FittedLatency(lat.prefill, lat.decode, meta={"prefill_stall": {"streams": 4}})   # fixed_s NaN
-    assert engine_latency(unknown) == (unknown, 0.0)
+    assert engine_latency(Calibration(lat))[1] == 0.0
+    unknown = Calibration(lat, prefill_stall=PrefillStall.from_dict({"streams": 4}))   # fixed_s NaN
+    assert engine_latency(unknown) == (unknown.latency, 0.0) and unknown.terms() == []
     lone = [Request(0, 0.0, 200, 1)]
-    assert simulate_like_live(lone, "colocated", split)[0].ttft_s == pytest.approx(
-        simulate_like_live(lone, "colocated", lat)[0].ttft_s)
+    assert replay(lone, "colocated", split)[0].ttft_s == pytest.approx(replay(lone, "colocated", lat)[0].ttft_s)
     reqs = [Request(i, 0.0, 256, 200) for i in range(4)] + [Request(4, 0.3, 200, 1)]
 
     def held_up(model):
-        recs = simulate_like_live(reqs, "colocated", model)
+        recs = replay(reqs, "colocated", model)
         gaps = np.diff(recs[0].token_times_s)[5:]  # after the streams' own prompts are in
         k = int(np.argmax(gaps))                   # the step that admitted the prompt
         return gaps[k] - gaps[k - 1]
@@ -1086,7 +672,8 @@ def test_colocated_replay_charges_a_prefill_the_engine_part_and_keeps_a_lone_ttf
     assert held_up(split) == pytest.approx(0.004 + per_token, abs=2e-5)
     assert held_up(lat) == pytest.approx(0.012 - 0.003 + per_token, abs=2e-5)
     pair = [Request(0, 0.0, 200, 4)]
-    assert simulate_like_live(pair, "disaggregated", split)[0].ttft_s == simulate_like_live(pair, "disaggregated", lat)[0].ttft_s
+    with pytest.raises(ValueError, match="disaggregated replay cannot apply the calibration's prefill_stall"):
+        replay(pair, "disaggregated", split)
 
 
 def test_decode_matched_to_the_runs_median_tpot():
@@ -1094,22 +681,179 @@ def test_decode_matched_to_the_runs_median_tpot():
     the decode row by about 1.15 and the replay's median TPOT is the run's; the factor and both
     medians are recorded; a run slower than the highest factor allows gets that bound."""
     from pdlab.metrics import tpot_s
-    from pdlab.simreal.calibrate import match_decode_to_tpot_on_run
+    from pdlab.simreal.runfit import match_decode_to_tpot_on_run
     from pdlab.workloads import Request
 
     rng = np.random.default_rng(6)
     arrivals = np.cumsum(rng.exponential(1 / 4.0, 80))
     reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
-    meta = {"kv_link": {"latency_s": 0.010, "s_per_token": 2e-6}, "cpu_contention": {"prefill": 0.1, "decode": 0.05}}
-    live = simulate_like_live(reqs, "disaggregated", FittedLatency(TRUE.prefill, [1.15 * c for c in TRUE.decode], meta=meta))
-    fit = FittedLatency(TRUE.prefill, TRUE.decode, meta=meta)
+    terms = dict(kv_link=LinkFit(0.010, 2e-6), contention=Contention.from_dict({"prefill": 0.1, "decode": 0.05}))
+    live = replay(reqs, "disaggregated", Calibration(TRUE.derive(decode_scale=1.15), **terms))
+    fit = Calibration(TRUE, **terms)
     matched = match_decode_to_tpot_on_run(fit, live, "disaggregated")
-    info = matched.meta["fit"]["decode_tpot_match"]
+    info = matched.latency.meta["fit"]["decode_tpot_match"]
     assert info["factor"] == pytest.approx(1.15, rel=0.02)
-    assert np.median(tpot_s(simulate_like_live(reqs, "disaggregated", matched))) == pytest.approx(
-        np.median(tpot_s(live)), rel=0.005)
+    assert np.median(tpot_s(replay(reqs, "disaggregated", matched))) == pytest.approx(np.median(tpot_s(live)), rel=0.005)
     assert info["live_tpot_p50_s"] == pytest.approx(float(np.median(tpot_s(live))))
     assert info["replay_tpot_p50_before_s"] < info["live_tpot_p50_s"]
-    assert matched.prefill == fit.prefill and matched.meta["kv_link"] == meta["kv_link"]
+    assert matched.latency.prefill == fit.latency.prefill and matched.kv_link == fit.kv_link
     capped = match_decode_to_tpot_on_run(fit, live, "disaggregated", highest=1.05)
-    assert capped.meta["fit"]["decode_tpot_match"]["factor"] == 1.05
+    assert capped.latency.meta["fit"]["decode_tpot_match"]["factor"] == 1.05
+
+
+# ------------------------------------------------------------------ one fitting core
+def test_nnls_fit_is_the_one_core_relative_or_absolute_and_checks_its_input():
+    from pdlab.sim.latency import nnls_fit
+
+    a = np.array([[1.0, 10.0], [1.0, 1000.0], [1.0, 100.0]])
+    coef = np.array([0.002, 3e-5])
+    assert np.allclose(nnls_fit(a, a @ coef), coef) and np.allclose(nnls_fit(a, a @ coef, relative=True), coef)
+    y = a @ coef * np.array([1.0, 1.1, 1.0])            # the long point 10 % off
+    rel = (a @ nnls_fit(a, y, relative=True) - y) / y
+    absolute = (a @ nnls_fit(a, y) - y) / y
+    assert np.abs(rel).max() < np.abs(absolute).max()   # relative residuals weigh the short points alike
+    assert (nnls_fit(a, -(a @ coef)) >= 0).all()
+    with pytest.raises(ValueError, match="every measured value > 0"):
+        nnls_fit(a, np.zeros(3), relative=True)
+    with pytest.raises(ValueError, match="one value per point"):
+        nnls_fit(a, np.ones(2))
+
+
+def test_derive_keeps_tp_pp_and_does_not_share_meta():
+    lat = FittedLatency(TRUE.prefill, TRUE.decode, tp=2, pp=3, meta={"fit": {"x": 1}})
+    d = lat.derive(decode_scale=2.0)
+    assert (d.tp, d.pp, d.prefill) == (2, 3, TRUE.prefill) and d.decode == pytest.approx([2 * c for c in TRUE.decode])
+    d.meta["fit"] = {}
+    assert lat.meta == {"fit": {"x": 1}}
+
+
+# ------------------------------------------------------------------ one calibration, CLI and replay alike
+def _pair_calibration() -> Calibration:
+    return Calibration(TRUE, kv_link=LinkFit(0.01, 2e-6), contention=Contention.from_dict({"prefill": 0.3, "decode": 0.1}),
+                       run_fit=RunFit(front_end_s=0.004, prefill_core_base_cores=0.05,
+                                      prefill_core_cpu_s_per_request=0.01))
+
+
+@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+def test_cli_simulate_profile_and_the_lab_replay_give_identical_records(mode, tmp_path, capsys):
+    """The same profile (every term the replay applies) and requests: `pdlab simulate --profile`
+    writes exactly the records pdlab.simreal.replay.replay (lab 05's replay) returns."""
+    from pdlab.cli import main
+    from pdlab.metrics import read_records
+    from pdlab.workloads import synthetic_requests
+
+    if mode == "colocated":
+        stall = PrefillStall.from_dict({"streams": 4, "fixed_s": 0.0004, "off_engine_s": 0.0006})
+        cal = Calibration(TRUE, prefill_stall=stall, run_fit=RunFit(front_end_s=0.003))
+    else:
+        cal = _pair_calibration()
+    path = save_calibration(cal, tmp_path / "cal.json")
+    out = tmp_path / "recs.jsonl"
+    rc = main(["simulate", "--synthetic", "--requests", "40", "--rate", "6", "--prompt-tokens", "300",
+               "--output-tokens", "12", "--seed", "3", "--mode", mode, "--profile", str(path),
+               "--kv-capacity-tokens", "50000", "--max-num-seqs", "64", "--records", str(out), "--json"])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["calibrated_terms"] == cal.terms() and printed["completed"] == 40
+    reqs = synthetic_requests(40, 6.0, prompt_tokens=300, output_tokens=12, seed=3)
+    lab = replay(reqs, mode, load_calibration(path), kv_capacity_tokens=50000, max_num_seqs=64)
+    cli = read_records(out)
+    assert [r.as_dict(with_token_times=True) for r in cli] == [r.as_dict(with_token_times=True) for r in lab]
+    plain = replay(reqs, mode, Calibration(TRUE), kv_capacity_tokens=50000, max_num_seqs=64)
+    assert [r.ttft_s for r in plain] != [r.ttft_s for r in lab]     # the terms were applied, not dropped
+
+
+def test_profile_terms_the_simulator_cannot_apply_are_errors_that_name_them(tmp_path, capsys):
+    from pdlab.cli import main
+
+    pair = save_calibration(_pair_calibration(), tmp_path / "pair.json")
+    base = ["simulate", "--synthetic", "--requests", "5", "--profile"]
+    assert main(base + [str(pair), "--mode", "colocated"]) == 2
+    assert "colocated replay cannot apply the calibration's kv_link, cpu_contention" in capsys.readouterr().err
+    assert main(base + [str(pair), "--mode", "disaggregated", "--prefill", "2"]) == 2
+    assert "drop --prefill" in capsys.readouterr().err
+    data = json.loads(pair.read_text())
+    data["decode_spin_s"] = 0.01
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps(data))
+    assert main(base + [str(odd), "--mode", "disaggregated"]) == 2
+    assert "terms the simulator cannot apply: decode_spin_s" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="decode_spin_s"):
+        load_calibration(odd)
+    # an older profile: the run fit's keys at the top level still load, as a RunFit
+    old = {k: v for k, v in data.items() if k not in ("run_fit", "decode_spin_s")}
+    old.update(front_end_s=0.004, prefill_core_base_cores=0.05, prefill_core_cpu_s_per_request=0.01)
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert load_calibration(tmp_path / "old.json").run_fit == _pair_calibration().run_fit
+    # coefficients only: the roofline-free generic simulator, as before
+    plain = save_calibration(Calibration(TRUE), tmp_path / "plain.json")
+    assert main(base + [str(plain), "--mode", "colocated"]) == 2
+    assert "--gpu and --model are needed" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ run fit, held-out validation, host floor
+def _rates_run(cal, rates=(2.0, 4.0, 6.0), n=60, seed=0):
+    from pdlab.workloads import Request
+
+    rng = np.random.default_rng(seed)
+    prompts, outputs = rng.integers(32, 1024, n), rng.integers(16, 64, n)
+    live = {}
+    for rate in rates:
+        arrivals = np.cumsum(rng.exponential(1 / rate, n))
+        reqs = [Request(i, float(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs,
+                                                                                          strict=True))]
+        live[rate] = replay(reqs, "colocated", cal)
+    return live
+
+
+def test_fit_on_run_brings_a_slow_probe_to_the_run_and_held_out_rates_follow():
+    """Live runs of a colocated server whose decode is 1.25× the probe's and whose front end adds
+    5 ms: the run fit at any one rate recovers both, and predicts the other rates within 2 %
+    (bootstrap intervals around each error); a fit that keeps the probe's decode row misses TPOT
+    by about 20 % and fails the ±10 % verdict."""
+    from pdlab.simreal.compare import heldout_validation
+    from pdlab.simreal.runfit import fit_on_run
+
+    truth = Calibration(TRUE.derive(decode_scale=1.25), run_fit=RunFit(front_end_s=0.005))
+    live = _rates_run(truth)
+    fitted = fit_on_run(Calibration(TRUE), live[4.0], "colocated")
+    assert fitted.latency.decode == pytest.approx(truth.latency.decode, rel=0.02)
+    assert fitted.run_fit.front_end_s == pytest.approx(0.005, abs=5e-4)
+    held = heldout_validation(Calibration(TRUE), live, "colocated", boot=200)
+    assert len(held.rows) == 6 and {(r["fit_rps"], r["rate_rps"]) for r in held.rows} >= {(2.0, 6.0), (6.0, 2.0)}
+    assert held.ttft_mae < 0.02 and held.tpot_mae < 0.02 and held.paired_ttft_mae < 0.02 and held.met()
+    assert all(r["ttft_lo"] <= r["ttft_p50_err"] <= r["ttft_hi"] for r in held.rows)
+    probe_only = heldout_validation(Calibration(TRUE), live, "colocated", fit=lambda cal, rate: cal, boot=50)
+    assert probe_only.tpot_mae == pytest.approx(0.2, abs=0.03) and not probe_only.met()
+    with pytest.raises(ValueError, match=">= 2 rates"):
+        heldout_validation(Calibration(TRUE), {2.0: live[2.0]}, "colocated")
+
+
+def test_host_floor_from_repeated_blocks_and_a_perfect_models_chance():
+    """Blocks of one rate that repeat exactly leave a perfect model no error (chance 1); blocks
+    whose decode level moves by 20 % between them give a TPOT scatter of about 20 % and a chance
+    well below 1; a larger scatter never raises the chance."""
+    from pdlab.simreal.compare import host_floor, perfect_model_chance
+
+    live = _rates_run(Calibration(TRUE), rates=(2.0, 4.0), n=40)
+    same = {rate: [recs, recs] for rate, recs in live.items()}
+    floor = host_floor(same, draws=2000)
+    assert (floor.block_rms_ttft, floor.block_rms_tpot, floor.chance_met) == (0.0, 0.0, 1.0) and floor.pairs == 2
+    slow = _rates_run(Calibration(TRUE.derive(decode_scale=1.2)), rates=(2.0, 4.0), n=40)
+    moved = {rate: [live[rate], slow[rate]] for rate in live}
+    floor = host_floor(moved, draws=4000)
+    assert floor.block_rms_tpot == pytest.approx(np.log(1.2), rel=0.15) and floor.chance_met < 0.9
+    assert floor.floor_tpot_p95 >= floor.floor_tpot_mae > 0
+    chances = [perfect_model_chance(s, s, rates=3, blocks=2, draws=4000)[0] for s in (0.02, 0.08, 0.2)]
+    assert chances[0] >= chances[1] >= chances[2]
+    with pytest.raises(ValueError, match=">= 2 rates, each run in >= 2 blocks"):
+        host_floor({2.0: [live[2.0], live[2.0]]})
+
+
+def test_front_file_shows_the_stages_in_at_most_15_names_and_every_module_is_short():
+    import pdlab.simreal as simreal
+    from pdlab.paths import repo_root
+
+    assert len(simreal.__all__) <= 15 and all(hasattr(simreal, n) for n in simreal.__all__)
+    for path in (repo_root() / "helpers" / "pdlab" / "simreal").glob("*.py"):
+        assert len(path.read_text().splitlines()) <= 600, path.name
