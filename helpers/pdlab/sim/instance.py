@@ -194,7 +194,9 @@ class Instance:
                     self.iterations += b.n_steps
                     self.busy_s += b.duration
                     self.stage_free_at = end = b.end
-                    b.seq = self.sim.push(end, EV_DONE, self, b)
+                    sim = self.sim      # sim.push(end, EV_DONE, self, b), written out: once per batch
+                    sim.event_seq = b.seq = seq = sim.event_seq + 1
+                    heappush(sim.event_heap, (end, seq, EV_DONE, self, b))
         else:
             pp = self.pp
             while len(inflight) < pp and self.stage_free_at <= now + 1e-12:
@@ -490,24 +492,8 @@ class Instance:
             self._complete_prefill(b, now)
         if self.pending_pulls:
             self.sim.start_pulls(self, now)
-        inflight = self.inflight
-        if self.pp == 1:        # try_schedule(now), written out (one batch in flight at a time)
-            if not inflight and self.stage_free_at <= now + 1e-12:
-                b = self._form_batch(now)
-                if b is not None:
-                    inflight.append(b)
-                    self.iterations += b.n_steps
-                    self.busy_s += b.duration
-                    self.stage_free_at = end = b.end
-                    sim = self.sim      # sim.push(end, EV_DONE, self, b), written out
-                    sim.event_seq = b.seq = seq = sim.event_seq + 1
-                    heappush(sim.event_heap, (end, seq, EV_DONE, self, b))
-            if self.cpu_peers and inflight and not self.busy_for_peers:
-                self.busy_for_peers = True
-                self._busy_changed(now)
-        else:
-            self.try_schedule(now)
-        if self.cpu_peers and not inflight and self.busy_for_peers:
+        self.try_schedule(now)
+        if self.cpu_peers and not self.inflight and self.busy_for_peers:
             self.busy_for_peers = False
             self._busy_changed(now)
 
