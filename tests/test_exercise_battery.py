@@ -27,6 +27,7 @@ import pandas as pd
 import pdlab.exercises as ex
 import pytest
 from pdlab.exercises import FAILED, PASSED
+from pdlab.router.policies import RoutingPolicy
 
 
 @dataclass
@@ -65,6 +66,35 @@ def _sched(name: str):
         return importlib.import_module(f"pdlab.{name}")
 
 
+class _LongApart(RoutingPolicy):
+    """Long prompts to the P/D pair, short ones colocated unless the estimates say the pair is better
+    (``flip``: the reverse, long prompts colocated)."""
+
+    name, needs_estimates = "long-apart", True
+
+    def __init__(self, slo, flip: bool = False):
+        self.slo, self.flip = slo, flip
+
+    def decide(self, req, estimates=None):
+        long = req.prompt_tokens >= 2048
+        if long != self.flip:
+            return "disaggregated"
+        here, pair = estimates["colocated"].score(self.slo), estimates["disaggregated"].score(self.slo)
+        return "colocated" if here <= 1 or here <= pair else "disaggregated"
+
+
+class _CoinFlip(RoutingPolicy):
+    """A random target per request (seeded)."""
+
+    name = "coin-flip"
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+
+    def decide(self, req, estimates=None):
+        return "colocated" if self.rng.random() < 0.5 else "disaggregated"
+
+
 def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audit than many helpers
     from pdlab.exercises import (
         lab01,
@@ -91,14 +121,23 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
     from pdlab.models import get_model, weight_bytes
     from pdlab.roofline.analytic import analyze, critical_decode_batch
     from pdlab.roofline.measure import DeviceProfile, LayerPoint, LayerShape
-    from pdlab.router.policies import LoadEstimator, RouteRequest, TargetLoad
+    from pdlab.router.policies import (
+        AllColocated,
+        AllDisaggregated,
+        LoadEstimator,
+        RouteRequest,
+        SLOAware,
+        TargetLoad,
+        Threshold,
+    )
     from pdlab.sched.queueing import avg_ttft_inter_op, avg_ttft_intra_op
     from pdlab.serve.evidence import KVTransferEvidence
     from pdlab.sim import roofline_latency
     from pdlab.sim.latency import FittedLatency
     from pdlab.transfer import kv_transfer
     from pdlab.transfer.overlap import predicted_exposed_s
-    from pdlab.workloads import mooncake_trace_path, read_mooncake_jsonl
+    from pdlab.workloads import mooncake_trace_path, read_mooncake_jsonl, synthetic_requests
+    from pdlab.workloads.agentic import generate_agentic
 
     mooncake_cluster = _sched("conductor").mooncake_cluster
     nexus_gpu = _sched("pools").nexus_gpu
@@ -381,6 +420,23 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
          "rounded up to whole tokens": math.ceil(hi), "the TPOT at the example's 182 tokens":
              est.colocated(RouteRequest(p, 182), load).tpot_s})
 
+    # Exercise 2 on the lab's harness (ci sizes): the mix workload on the 1C2P1D cluster. A policy that
+    # sends every request to one pool (the do-nothing choice) and a coin flip must fail; one that keeps
+    # long prompts apart and short ones colocated unless the estimates say otherwise passes.
+    agentic = generate_agentic(seed=0, sessions=150).requests()[:300]
+    chat = [replace(r, hash_ids=(10**9 + i % 8,)) for i, r in enumerate(synthetic_requests(300, 1.0, lengths="sharegpt",
+                                                                                            seed=0))]
+    mix = [replace(r, request_id=i) for i, r in enumerate(x for pair in zip(agentic[:150], chat[:150], strict=True)
+                                                          for x in pair)]
+    sim_slo = SLO(ttft_s=2.0, tpot_s=0.05)
+    cluster = dict(gpu="h100-sxm", model="llama-3-70b", tp=4, link="ib-ndr", prefix_caching=True,
+                   colocated=1, prefill=2, decode=1)
+    shipped = {"all-colocated": AllColocated(), "all-disaggregated": AllDisaggregated(),
+               "threshold 2048": Threshold(2048), "slo-aware": SLOAware(sim_slo)}
+    add(lab03.check_routing_policy, (mix, list(range(2, 34, 2)), sim_slo, cluster, shipped), _LongApart(sim_slo),
+        {"do-nothing (everything colocated)": AllColocated(), "a coin flip per request": _CoinFlip(seed=1),
+         "everything disaggregated": AllDisaggregated(), "long prompts kept colocated": _LongApart(sim_slo, flip=True)})
+
     # ---- lab04
     add(lab04.check_lru_hit_ratio, (reqs, 300), cache_hit_ratio(reqs, 300).ratio,
         {"unlimited cache": ratio, "GB-sized capacity typo (3000 blocks)": cache_hit_ratio(reqs, 3000).ratio})
@@ -517,3 +573,20 @@ def expected_values_on_the_page(executed_nb_path, expected_log) -> list[str]:
             if re.search(rf"(?<![\d.,]){re.escape(s)}(?![\d])", page):
                 leaks.append(f"{row['exercise']}: {s}")
     return leaks
+
+
+def test_routing_harness_names_a_bad_decision():
+    """lab03 Exercise 2's harness: a policy that returns neither target fails with a clear error."""
+    from pdlab.exercises.lab03 import routing_goodput
+    from pdlab.metrics import SLO
+    from pdlab.workloads import synthetic_requests
+
+    class Undecided(RoutingPolicy):
+        def decide(self, req, estimates=None):
+            return "both"
+
+    cluster = dict(gpu="h100-sxm", model="llama-3-8b", colocated=1, prefill=1, decode=1)
+    with pytest.raises(ValueError, match="must return one of"):
+        routing_goodput(Undecided(), synthetic_requests(5, 1.0, lengths="sharegpt", seed=0), [1.0], SLO(ttft_s=1.0, tpot_s=0.1), cluster)
+    with pytest.raises(TypeError, match="RoutingPolicy"):
+        routing_goodput(lambda r: "colocated", synthetic_requests(5, 1.0, lengths="sharegpt", seed=0), [1.0], SLO(ttft_s=1.0), cluster)
