@@ -155,6 +155,34 @@ def test_cli_simulate_json_records_and_errors(tmp_path, capsys):
     assert "SLO" in capsys.readouterr().err
 
 
+def test_cli_sim_group_run_alias_and_compare(tmp_path, capsys):
+    """`pdlab sim run` and its alias `pdlab simulate` give the same run; `pdlab sim compare` reads two record files."""
+    common = ["--synthetic", "--rate", "4", "--requests", "40", "--mode", "colocated", "--gpu", "a100-80gb",
+              "--model", "opt-13b", "--json"]
+    sim_a, sim_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert main(["sim", "run", *common, "--records", str(sim_a)]) == 0
+    via_group = json.loads(capsys.readouterr().out)
+    assert main(["simulate", *common, "--records", str(sim_b), "--seed", "1"]) == 0
+    via_alias = json.loads(capsys.readouterr().out)
+    assert via_group["requests"] == via_alias["requests"] == 40
+    assert main(["sim", "compare", "--sim", str(sim_a), "--real", str(sim_a), "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert [r["metric"] for r in same] == ["ttft_s", "tpot_s"]
+    assert all(r["median_err_pct"] == 0 and r["equivalent"] for r in same)
+    assert main(["sim", "compare", "--sim", str(sim_a), "--real", str(sim_b), "--metrics", "e2e_s", "--json"]) == 0
+    other = json.loads(capsys.readouterr().out)
+    assert other[0]["n_sim"] == other[0]["n_real"] == 40 and other[0]["median_err_pct"] != 0
+    assert main(["sim", "compare", "--sim", str(sim_a), "--real", str(sim_b), "--margin", "2"]) == 2
+    assert "--margin" in capsys.readouterr().err
+    assert "alias of `pdlab sim run`" in main_help(["simulate", "--help"], capsys)
+
+
+def main_help(argv, capsys) -> str:
+    with pytest.raises(SystemExit):
+        main(argv)
+    return capsys.readouterr().out
+
+
 def test_summary_reports_goodput_per_gpu():
     res = simulate(REQS[:100], "colocated", "a100-80gb", "opt-13b", instances=2)
     s = res.summary(SLO(ttft_s=1.0, tpot_s=0.1))

@@ -2,7 +2,7 @@
 
 ``pdlab gpu-profile --size full --out data/profiles`` on a GPU box (under 8 minutes on one H200)
 writes ``<gpu>-gpu-profile.json`` (everything, read by notebooks 01 and 03),
-``<gpu>-latency.json`` (``pdlab simulate --profile``) and ``<gpu>-roofline.json``.
+``<gpu>-latency.json`` (``pdlab sim run --profile``) and ``<gpu>-roofline.json``.
 ``--size smoke`` runs in seconds (on a CPU: tiny fp32 model, CUDA paths listed as skipped).
 ``scripts/gpu_profile.sh`` wraps this command; ``python -m pdlab.cli.gpu_profile`` runs it without
 loading the other subcommands.

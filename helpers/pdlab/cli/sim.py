@@ -1,4 +1,5 @@
-"""``pdlab sim calibrate``: fit the simulator's latency model to a live server's measured step times."""
+"""``pdlab sim``, the simulator's command group: ``run`` and ``compare`` (:mod:`pdlab.cli.simulate`) and
+``calibrate``: fit the simulator's latency model to a live server's measured step times."""
 
 from __future__ import annotations
 
@@ -21,11 +22,16 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def register(sub: Subcommands) -> None:
-    p = sub.add_parser("sim", help="simulator tools: calibrate a latency profile on a live server",
-                       description="Simulator tools (see also `pdlab simulate`).")
-    ssub = add_actions(p, "sim", metavar="SUBCOMMAND")
+    """``pdlab sim``: ``run`` (:mod:`pdlab.cli.simulate`, also spelled ``pdlab simulate``), ``calibrate``, ``compare``."""
+    from pdlab.cli.simulate import add_compare_parser, add_run_parser
+
+    p = sub.add_parser("sim", help="the simulator: run it, calibrate it on a live server, compare it with one",
+                       description="The simulator: `pdlab sim run` (alias `pdlab simulate`), `pdlab sim calibrate`, "
+                       "`pdlab sim compare`.")
+    ssub = add_actions(p, "sim", metavar="ACTION")
+    add_run_parser(ssub)
     c = ssub.add_parser("calibrate", help="probe a live server, fit prefill/decode step times, write a profile",
-                        description=__doc__ + "\n\nThe profile is read by `pdlab simulate --profile PATH` and "
+                        description=__doc__ + "\n\nThe profile is read by `pdlab sim run --profile PATH` and "
                         "pdlab.sim.latency.load_profile.")
     c.add_argument("--url", required=True, help="server to probe for prefill (and decode), e.g. http://127.0.0.1:8100")
     c.add_argument("--out", required=True, help="profile JSON to write")
@@ -42,6 +48,7 @@ def register(sub: Subcommands) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(func=run_calibrate)
+    add_compare_parser(ssub)
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -88,7 +95,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         text.append(f"  prefill stall: a prompt holds {stall.streams} decoding streams up by its per-token terms + "
                     f"{stall.fixed_s * 1e3:.3f} ms; {stall.off_engine_s * 1e3:.3f} ms of a_p is off-engine "
                     f"({stall.injections} prompts)")
-    text.append(f"use it: pdlab simulate --profile {path} ...")
+    text.append(f"use it: pdlab sim run --profile {path} ...")
     emit({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in payload.items()}, args.json,
          "\n".join(text))
     return 0

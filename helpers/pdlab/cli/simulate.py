@@ -1,4 +1,6 @@
-"""``pdlab simulate``: run a trace or synthetic arrivals through the serving simulator (pdlab.sim)."""
+"""``pdlab sim run``: run a trace or synthetic arrivals through the serving simulator (pdlab.sim);
+``pdlab sim compare``: simulated records against measured ones. ``pdlab simulate`` is an alias of
+``pdlab sim run`` (the group itself is wired in :mod:`pdlab.cli.sim`)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,23 @@ from pathlib import Path
 
 from pdlab.cli import CLIError, Subcommands, add_slo_arguments, emit, slo_from_args
 
-__all__ = ["register", "run"]
+__all__ = ["register", "add_run_parser", "add_compare_parser", "run", "run_compare"]
+
+
+RUN_HELP = "simulate colocated, chunked-prefill or disaggregated serving"
+RUN_DESCRIPTION = "Run a trace or synthetic arrivals through the serving simulator (pdlab.sim)."
 
 
 def register(sub: Subcommands) -> None:
-    p = sub.add_parser("simulate", help="simulate colocated, chunked-prefill or disaggregated serving",
-                       description=__doc__)
+    """``pdlab simulate``: the alias of ``pdlab sim run``, kept for the old spelling."""
+    add_run_parser(sub, "simulate", help="alias of `pdlab sim run`: " + RUN_HELP,
+                   description="`pdlab simulate` is an alias of `pdlab sim run`. " + RUN_DESCRIPTION)
+
+
+def add_run_parser(sub: Subcommands, name: str = "run", *, help: str = RUN_HELP,
+                   description: str = RUN_DESCRIPTION) -> argparse.ArgumentParser:
+    """Add the simulator's run command as ``name`` to ``sub`` (``pdlab sim run``, its alias ``pdlab simulate``)."""
+    p = sub.add_parser(name, help=help, description=description)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids)")
     src.add_argument("--synthetic", action="store_true", help="synthetic arrivals (see --rate, --requests ...)")
@@ -55,6 +68,52 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--records", help="write per-request records to this JSONL file")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
+    return p
+
+
+def add_compare_parser(sub: Subcommands) -> argparse.ArgumentParser:
+    """Add ``compare``: simulated records against measured ones (:func:`pdlab.simreal.validation.validation_table`)."""
+    p = sub.add_parser("compare", help="simulated request records against measured ones: medians, p90s, KS, TOST",
+                       description="Compare two per-request record files (JSONL of pdlab.metrics.RequestRecord, as "
+                       "`pdlab sim run --records` writes them and `pdlab bench` as build/bench/NAME-records.jsonl): per metric the medians "
+                       "and p90s with their errors in %, the KS test and the TOST equivalence verdict of the "
+                       "median ratio within --margin (pdlab.simreal.validation).")
+    p.add_argument("--sim", required=True, help="simulated records (JSONL)")
+    p.add_argument("--real", required=True, help="measured records (JSONL)")
+    p.add_argument("--metrics", default="ttft_s,tpot_s", help="comma-separated: ttft_s, tpot_s, e2e_s, itl_s "
+                   "(default ttft_s,tpot_s)")
+    p.add_argument("--margin", type=float, default=0.10, help="equivalence margin of the median ratio (default 0.10)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run_compare)
+    return p
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """``pdlab sim compare``: one row per metric; exit 0 whether or not the two agree."""
+    import math
+
+    from pdlab.metrics import read_records
+    from pdlab.simreal.validation import validation_table
+
+    if not (0 < args.margin < 1):
+        raise CLIError(f"--margin must be between 0 and 1, got {args.margin}")
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    sim, real = read_records(args.sim), read_records(args.real)
+    if not sim or not real:
+        raise CLIError(f"no records in {args.sim if not sim else args.real}")
+    table = validation_table({"run": (sim, real)}, metrics=metrics, margin=args.margin, seed=args.seed)
+    rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items() if k != "run"}
+            for row in table.to_dict("records")]
+    if not rows:
+        raise CLIError(f"neither file has samples of {', '.join(metrics)}")
+    lines = [f"{len(sim)} simulated vs {len(real)} measured requests (margin {args.margin:.0%}):"]
+    lines += [f"  {r['metric']:<7} median {r['median_sim']:.4g} vs {r['median_real']:.4g} s "
+              f"({r['median_err_pct']:+.1f} %), p90 {r['p90_sim']:.4g} vs {r['p90_real']:.4g} s "
+              f"({r['p90_err_pct']:+.1f} %), KS p {r['ks_p']:.3f}, "
+              f"{'equivalent' if r['equivalent'] else 'not shown equivalent'}" for r in rows]
+    emit(rows, args.json, "\n".join(lines))
+    return 0
 
 
 def _requests(args: argparse.Namespace):

@@ -5,7 +5,7 @@ TP × PP, or an explicit latency model and KV capacity, and any other
 :class:`~pdlab.sim.spec.InstanceSpec` setting), the model, and the KV link between prefill and
 decode pools. :func:`build_cluster` turns it into a :class:`~pdlab.sim.engine.Simulator` (or a
 subclass, e.g. the router's). Everything that simulates a cluster builds it here: the common modes
-below (:func:`build_simulator`, :func:`simulate`, ``pdlab simulate``), DistServe's placement search
+below (:func:`build_simulator`, :func:`simulate`, ``pdlab sim run``), DistServe's placement search
 and Splitwise's pools (:mod:`pdlab.sched`), the router's simulation (:mod:`pdlab.router.sim`) and
 the calibrated simulator of lab 05 (:func:`pdlab.simreal.replay.build_sim`).
 """
