@@ -4,9 +4,11 @@ For every ``check_*`` function in ``pdlab.exercises``: the reference answer pass
 plausible wrong answer (GiB vs GB, n vs n − 1, forgetting the prefix or the transfer, a bare
 ``True``, the unfiltered choice, ...) is rejected. A test makes sure no check is left out.
 
-The second test executes each student copy that starts no server (profile ``smoke``) with
-``PDLAB_EXPECTED_LOG`` set, so that every check records its expected value, and asserts that no
-expected value is printed in the copy's markdown or outputs.
+The answer-not-on-the-page matcher (:func:`expected_values_on_the_page`) runs inside
+``tests/test_notebooks.py::test_student_copy_runs_and_exercises_raise``, which executes every student
+copy, the live labs' included (profile ``smoke``), with ``PDLAB_EXPECTED_LOG`` set, so that every
+check records its expected value, and asserts that no expected value is printed in the copy's
+markdown or outputs.
 """
 
 from __future__ import annotations
@@ -560,7 +562,7 @@ def expected_values_on_the_page(executed_nb_path, expected_log) -> list[str]:
     """The expected exercise answers recorded in ``expected_log`` (``PDLAB_EXPECTED_LOG``) that an
     executed student copy prints in its markdown or outputs. Used by
     ``tests/test_notebooks.py::test_student_copy_runs_and_exercises_raise``, which runs every
-    offline student copy once with the log switched on."""
+    student copy, live labs included, once with the log switched on."""
     expected = [json.loads(line) for line in expected_log.read_text().splitlines()] if expected_log.exists() else []
     assert expected, f"{executed_nb_path.name}: no check recorded an expected value"
     page = _page_text(nbformat.read(executed_nb_path, as_version=4))

@@ -95,6 +95,17 @@ def test_student_copy_runs_and_exercises_raise(path, tmp_path, monkeypatch):
     assert not leaks, f"{path.name}: expected answers printed on the page: {leaks}"
 
 
+def test_every_student_copy_gets_the_answer_leak_check():
+    """The leak check lives in the student-copy test: that test must be parametrized over every
+    student copy on disk, live labs included, and every solution must have one."""
+    on_disk = sorted([*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "labs").glob("*.ipynb")])
+    assert sorted(STUDENTS) == on_disk
+    assert sorted(p.values[0] for p in STUDENT_PARAMS) == on_disk
+    assert {p.name for p in STUDENTS} == {p.name for p in SOLUTIONS}
+    live = {"lab01", "lab05", "lab06", "lab07"}
+    assert live <= {p.stem.split("_")[0] for p in STUDENTS}
+
+
 def test_every_notebook_has_a_parameters_cell_with_profile():
     for path in SOLUTIONS:
         nb = json.loads(path.read_text())
