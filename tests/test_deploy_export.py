@@ -15,6 +15,7 @@ from pdlab.sched.deploy_export import (
     ExportError,
     ExportOptions,
     dgd_problems,
+    dynamo_model_check,
     dynamo_template_check,
     export_placement,
     hf_model_id,
@@ -72,6 +73,10 @@ def test_dynamo_export_carries_the_placement(tmp_path):
         total += comp["replicas"] * _gpus(main)
     assert total == placement.total_gpus == 14 == result.gpus
     assert any("Dynamo template" in c or "Dynamo's" in c for c in result.checks)
+    from pdlab.paths import peers_venv
+
+    if (peers_venv() / "bin" / "python").exists():   # the export went through Dynamo's own model
+        assert any(c.startswith("validated by Dynamo 1.6.1's DGD model") for c in result.checks), result.checks
 
 
 def test_llm_d_export_is_a_kustomize_overlay(tmp_path):
@@ -292,3 +297,53 @@ def test_cli_infeasible_placement_exits_2_without_files(tmp_path, capsys):
     no_fit = [*PLACE[:2], "llama-3.1-405b", *PLACE[3:]]   # 405B does not fit 2 A100s: place() refuses
     assert main([*no_fit, "--export", "llm-d", str(out)]) == 2
     assert "does not fit" in capsys.readouterr().err and not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamo's own model, in the peers' environment
+
+
+def _peers_or_skip():
+    from pdlab.paths import peers_venv
+
+    if not (peers_venv() / "bin" / "python").exists():
+        pytest.skip(f"no peers environment at {peers_venv()} (scripts/install_peers.sh makes it): "
+                    "Dynamo's DGD model check does not run here")
+
+
+@pytest.mark.slow   # Dynamo's import in a subprocess: about 5 s a check
+def test_dynamo_reads_the_dgd_back_as_the_placement():
+    """Dynamo's pydantic DGD model accepts the export, and its profiler reads the placement's replicas, TP × PP,
+    nodes (also those it would set itself for 8-GPU nodes), model and roles from it."""
+    _peers_or_skip()
+    for placement, opts in ((_placement(), OPTS),
+                            (_placement(p=(4, 4), d=(4, 4), n_p=1, n_d=1, affinity="low"),
+                             ExportOptions("llama-3-70b", gpus_per_node=8))):
+        doc = _docs(render_dynamo(placement, opts))[DYNAMO_FILE]
+        note, problems = dynamo_model_check(doc, placement, opts)
+        assert problems == [] and note.startswith("validated by Dynamo 1.6.1's DGD model"), (note, problems)
+    assert "prefill 1×16 GPUs on 2 node(s), decode 1×16 GPUs on 2 node(s)" in note
+
+
+@pytest.mark.slow   # Dynamo's import in a subprocess: about 5 s a check
+def test_dynamo_model_check_names_what_dynamo_reads_differently():
+    _peers_or_skip()
+    placement = _placement()
+    doc = _docs(render_dynamo(placement, OPTS))[DYNAMO_FILE]
+    decode = next(c for c in doc["spec"]["components"] if c["type"] == "decode")
+    args = decode["podTemplate"]["spec"]["containers"][0]["args"]
+    args[args.index("--tensor-parallel-size") + 1] = "8"
+    _, problems = dynamo_model_check(doc, placement, OPTS)
+    assert problems == ["Dynamo 1.6.1 reads the decode component 'decode' as replicas, GPUs per instance, nodes "
+                        "(2, 8, 1); the placement needs (2, 4, 1)"]
+    decode["replicas"] = "two"   # not an int: Dynamo's pydantic model refuses the document
+    _, problems = dynamo_model_check(doc, placement, OPTS)
+    assert len(problems) == 1 and "DGD model rejects it: Config.model_validate" in problems[0] and "replicas" in problems[0]
+
+
+def test_dynamo_model_check_says_when_there_is_no_peers_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("PDLAB_PEERS_VENV", str(tmp_path / "none"))
+    placement = _placement()
+    note, problems = dynamo_model_check(_docs(render_dynamo(placement, OPTS))[DYNAMO_FILE], placement, OPTS)
+    assert problems == [] and note == (f"Dynamo's DGD model check skipped: no peers environment at {tmp_path / 'none'} "
+                                       "(scripts/install_peers.sh makes it)")

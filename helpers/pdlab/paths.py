@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["repo_root", "data_dir", "build_dir", "catalog_path", "read_json"]
+__all__ = ["repo_root", "data_dir", "build_dir", "peers_venv", "catalog_path", "read_json"]
 
 
 def repo_root() -> Path:
@@ -34,6 +34,13 @@ def build_dir() -> Path:
     path = Path(env) if env else repo_root() / "build"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def peers_venv() -> Path:
+    """The peers' virtual environment (Dynamo, vllm-router; made by ``scripts/install_peers.sh``):
+    ``PDLAB_PEERS_VENV``, else ``<repo>/.venv-peers``. It may not exist."""
+    env = os.environ.get("PDLAB_PEERS_VENV")
+    return Path(env) if env else repo_root() / ".venv-peers"
 
 
 def catalog_path(name: str) -> Path:

@@ -16,8 +16,11 @@ as an NVIDIA Dynamo ``DynamoGraphDeployment`` or as llm-d kustomize overlays, va
 
 Validation reads the rendered files back and checks them as Kubernetes objects (``apiVersion``, ``kind``,
 ``metadata.name``, containers, ``nvidia.com/gpu`` requests equal to limits) whose GPUs add up to the placement's,
-plus each format's structure; where the ``dynamo`` package is installed, the DGD is also compared key by key with
-the vLLM disaggregated template it ships. Files are written to a temporary directory and moved into place only
+plus each format's structure. Where the peers' environment (``.venv-peers``, ``scripts/install_peers.sh``) holds
+ai-dynamo, the DGD is also compared key by key with the vLLM disaggregated template Dynamo ships, and read back by
+Dynamo's own code in that environment (a subprocess running :mod:`pdlab.sched.dgd_model_check`): its pydantic
+``DynamoGraphDeployment`` model must accept it, and the replicas, GPUs per instance and nodes its profiler reads
+must be the placement's. Files are written to a temporary directory and moved into place only
 when every requested export rendered and validated: an infeasible placement writes nothing.
 """
 
@@ -26,9 +29,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from pdlab.models import get_model
-from pdlab.paths import repo_root
+from pdlab.paths import peers_venv
 
 if TYPE_CHECKING:
     from pdlab.sched.placement import Placement
@@ -64,6 +67,7 @@ __all__ = [
     "dgd_problems",
     "llm_d_problems",
     "dynamo_template_check",
+    "dynamo_model_check",
     "template_key_problems",
     "export_placement",
 ]
@@ -597,11 +601,11 @@ _TEMPLATE = Path("profiler") / "templates" / "dgd" / "vllm" / "disagg.yaml"
 
 def _dynamo_template() -> tuple[Path | None, str]:
     """The vLLM disaggregated DGD template an installed ``dynamo`` package ships, found without importing it:
-    in this interpreter, else in the course's peers environment (``$PDLAB_PEERS_VENV`` or ``<repo>/.venv-peers``,
-    made by ``scripts/install_peers.sh``). Returns (path, "") or (None, why not)."""
+    in this interpreter, else in the course's peers environment (:func:`pdlab.paths.peers_venv`, made by
+    ``scripts/install_peers.sh``). Returns (path, "") or (None, why not)."""
     spec = importlib.util.find_spec("dynamo")
     places = [Path(p) for p in (spec.submodule_search_locations or [])] if spec is not None else []
-    venv = Path(os.environ.get("PDLAB_PEERS_VENV") or repo_root() / ".venv-peers")
+    venv = peers_venv()
     places += sorted(venv.glob("lib/python*/site-packages/dynamo"))
     for place in places:
         if (place / _TEMPLATE).exists():
@@ -640,23 +644,63 @@ def template_key_problems(doc: Mapping[str, Any], template: Mapping[str, Any]) -
 
 
 def dynamo_template_check(doc: Mapping[str, Any]) -> tuple[str, list[str]]:
-    """Compare the DGD with the installed Dynamo package's vLLM disaggregated template (key sets) and, where
-    its pydantic model imports, validate against it. Returns (what was checked or why it was skipped, problems)."""
+    """Compare the DGD with the installed Dynamo package's vLLM disaggregated template (key sets).
+    Returns (what was checked or why it was skipped, problems)."""
     path, why = _dynamo_template()
     if path is None:
         return f"Dynamo template check skipped: {why}", []
     template = yaml.safe_load(path.read_text())
     problems = [f"against {path.name}: {p}" for p in template_key_problems(doc, template)]
-    note = f"key sets checked against Dynamo's template {path}"
+    return f"key sets checked against Dynamo's template {path}", problems
+
+
+_MODEL_CHECK = Path(__file__).with_name("dgd_model_check.py")
+
+
+def dynamo_model_check(doc: Mapping[str, Any], placement: Placement, options: ExportOptions, *,
+                       timeout_s: float = 120.0) -> tuple[str, list[str]]:
+    """Read the DGD back with Dynamo's own code in the peers' environment (:mod:`pdlab.sched.dgd_model_check`
+    run by its python): Dynamo's pydantic model (``dynamo.profiler.utils.config.Config``) must accept it, and
+    for prefill and decode the replicas, GPUs per instance (TP × PP as Dynamo parses the args), nodes, ``--model``
+    and ``--disaggregation-mode`` Dynamo reads must be the placement's; with ``gpus_per_node``, so must the node
+    count Dynamo's profiler would set. Returns (what was checked, or why it was skipped, problems); skipped only
+    when the peers' environment does not exist, a check that cannot run there is a problem."""
+    venv = peers_venv()
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return (f"Dynamo's DGD model check skipped: no peers environment at {venv} "
+                "(scripts/install_peers.sh makes it)"), []
+    request = json.dumps({"doc": doc, "gpus_per_node": options.gpus_per_node})
     try:
-        from dynamo.profiler.utils.config import Config
-    except Exception as exc:   # the model imports Dynamo's Rust runtime; a partial install has no such module
-        return f"{note}; Dynamo's pydantic DGD model skipped, not importable here ({type(exc).__name__}: {exc})", problems
-    try:
-        Config.model_validate(doc)
-    except Exception as exc:   # pydantic.ValidationError, without importing pydantic here
-        problems.append(f"Dynamo's DGD model (dynamo.profiler.utils.config.Config) rejects it: {exc}")
-    return f"{note}; validated with dynamo.profiler.utils.config.Config", problems
+        proc = subprocess.run([str(python), str(_MODEL_CHECK)], input=request, capture_output=True, text=True,
+                              timeout=timeout_s)
+        seen = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        proc, seen = exc, None
+    if not isinstance(seen, dict):
+        tail = (getattr(proc, "stderr", "") or "").strip()[-600:]
+        return "Dynamo's DGD model check did not run", [
+            f"{_MODEL_CHECK.name} failed in {venv} ({getattr(proc, 'returncode', type(proc).__name__)}): {tail}"]
+    where = f"Dynamo {seen.get('dynamo_version')}"
+    if seen.get("error"):
+        return f"{where}'s DGD model", [f"{where}'s DGD model rejects it: {seen['error']}"]
+    problems, read = [], []
+    for layout in role_layouts(placement, options.gpus_per_node):
+        role = seen["roles"][layout.role]
+        got = (role["replicas"], role["gpus_per_instance"], role["node_count"])
+        want = (layout.replicas, layout.tp * layout.pp, layout.nodes)
+        if got != want:
+            problems.append(f"{where} reads the {layout.role} component {role['name']!r} as replicas, GPUs per "
+                            f"instance, nodes {got}; the placement needs {want}")
+        if role["profiler_node_count"] not in (None, layout.nodes):
+            problems.append(f"{where}'s profiler would run a {layout.role} instance on {role['profiler_node_count']} "
+                            f"nodes of {options.gpus_per_node} GPUs, the DGD on {layout.nodes}")
+        for flag, value in (("--model", options.resolved_model_id()), ("--disaggregation-mode", layout.role)):
+            if _flag(role["args"], flag) != value:
+                problems.append(f"{where} reads {flag} {_flag(role['args'], flag)!r} from {layout.role}, expected {value}")
+        read.append(f"{layout.role} {got[0]}×{got[1]} GPUs on {got[2]} node(s)")
+    return (f"validated by {where}'s DGD model (dynamo.profiler.utils.config.Config) in {venv}, which reads "
+            + ", ".join(read)), problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -671,6 +715,10 @@ def _validate(target: str, docs: dict[str, Any], placement: Placement, options: 
                   f"{_GPU} adds up to the placement's {placement.total_gpus} GPUs"]
         if isinstance(doc, Mapping):
             note, more = dynamo_template_check(doc)
+            checks.append(note)
+            problems += more
+        if isinstance(doc, Mapping) and not problems:   # a DGD pdlab already rejects is not sent to Dynamo
+            note, more = dynamo_model_check(doc, placement, options)
             checks.append(note)
             problems += more
         return checks, problems
