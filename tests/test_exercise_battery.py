@@ -133,7 +133,7 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
         Threshold,
     )
     from pdlab.sched.queueing import avg_ttft_inter_op, avg_ttft_intra_op
-    from pdlab.serve.evidence import KVTransferEvidence
+    from pdlab.serve.measure.evidence import KVTransferEvidence
     from pdlab.sim import roofline_latency
     from pdlab.sim.latency import FittedLatency
     from pdlab.transfer import kv_transfer
@@ -342,7 +342,7 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
          "every request, long ones included": mean_us(ok2)})
 
     # ---- lab06
-    from pdlab.serve.faults import FAULTS, FaultOutcome
+    from pdlab.serve.experiments.faults import FAULTS, FaultOutcome
 
     # prefill 20 ms short, 180 ms long, one in two long: mean 100 ms → 10 req/s
     add(lab06.check_prefill_bound_rps, (0.020, 0.180, 2), 10.0,
@@ -444,18 +444,39 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
         {"unlimited cache": ratio, "GB-sized capacity typo (3000 blocks)": cache_hit_ratio(reqs, 3000).ratio})
 
     # ---- lab05
+    from pdlab.simreal import Calibration, host_floor, replay, requests_from_records
+    from pdlab.simreal.calibration import RunFit
+    from pdlab.workloads import Request
+
     fl = FittedLatency(prefill=(0.01, 2e-5, 1e-9), decode=(0.008, 3e-7, 2e-4))
-    budget = 0.05  # (0.05 − 0.008) / (3e-7·1200 + 2e-4) = 75.0 → 75 requests
-    add(lab05.check_max_decode_batch, (fl, 1200, budget), 75,
-        {"rounded up": 76, "forgot a": math.floor(budget / (3e-7 * 1200 + 2e-4)),
-         "forgot c": math.floor((budget - 0.008) / (3e-7 * 1200)), "Σctx = context (not × batch)": math.floor(
-             (budget - 0.008 - 3e-7 * 1200) / 2e-4)})
-    live = recs
-    sim = [replace(r, first_token_s=r.arrival_s + 0.05) if r.ok else r for r in recs]
-    diff_pp = 100 * (slo_attainment(sim, slo) - slo_attainment(live, slo))
-    assert abs(diff_pp) > 1
-    add(lab05.check_attainment_diff, (live, sim, slo), diff_pp,
-        {"measured − simulated": -diff_pp, "a fraction, not percentage points": diff_pp / 100})
+    # the live engine: a decode step that grows faster with the batch than the probe's fit says, and a
+    # front end of 5 ms, so a fit on the low rate (small batches) misses the high rate's TPOT
+    truth = Calibration(fl.derive(decode=(0.008, 3e-7, 2e-3)), run_fit=RunFit(front_end_s=0.005))
+    rng = np.random.default_rng(0)
+
+    def run_at(rate: float, n: int = 40):
+        arrivals = np.cumsum(rng.exponential(1 / rate, n))
+        return replay([Request(i, float(t), int(rng.integers(32, 1024)), int(rng.integers(16, 64)))
+                       for i, t in enumerate(arrivals)], "colocated", truth)
+
+    low, high = run_at(2.0), run_at(12.0)
+    probe = Calibration(fl)
+    err = lab05.heldout_tpot_error(probe, low, high, "colocated")
+    assert abs(err) > 0.01
+    add(lab05.check_heldout_error, (probe, low, high, "colocated"), err,
+        {"the probe alone, not refitted": float(np.median([r.tpot_s for r in replay(
+            requests_from_records(high), "colocated", probe)]) / np.median([r.tpot_s for r in high]) - 1),
+         "fitted on the rate it predicts": lab05.heldout_tpot_error(probe, high, high, "colocated"),
+         "a percentage, not a fraction": 100 * err})
+    blocks = {2.0: [run_at(2.0, 20), run_at(2.0, 20)], 8.0: [run_at(8.0, 20), run_at(8.0, 20)]}
+    logs = [math.log(np.median([r.tpot_s for r in b]) / np.median([r.tpot_s for r in a])) for a, b in blocks.values()]
+    rms = math.sqrt(np.mean(np.square(logs)))
+    assert rms > 0
+    add(lab05.check_block_scatter, (blocks,), rms,
+        {"mean of the log ratios (signs cancel)": float(np.mean(logs)), "not the root": float(np.mean(np.square(logs)))})
+    floor = host_floor(blocks)
+    within = abs(err) <= floor.floor_tpot_p95
+    add(lab05.check_within_floor, (err, blocks), within, {"the opposite": not within, "a number, not a bool": 1.0})
     return cases
 
 

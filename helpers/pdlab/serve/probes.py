@@ -5,7 +5,7 @@ concurrent streams of P-token prompts with O output tokens give the decode step 
 (their token gaps while all N decode); single requests through a disaggregation proxy give the KV hand-off; and with two
 servers, each role's slowdown while the other works (:func:`probe_contention`) and what each
 handed-off request costs the streams already decoding (:func:`probe_admission`). All go through
-the course's benchmark client (:func:`pdlab.serve.bench.run_bench`) with random single-token-word
+the course's benchmark client (:func:`pdlab.serve.client.bench.run_bench`) with random single-token-word
 prompts (no prefix-cache hits) and the server's own token counts. :func:`calibrate` runs a
 :class:`ProbePlan` and fits the result with the fit stage, :mod:`pdlab.simreal.fit`.
 """
@@ -55,7 +55,9 @@ class ProbePlan:
     ``contention_prompt`` tokens and decode streams, each alone and while the other server works
     (:func:`probe_contention`). Prefill stall (one server only): ``stall_rounds`` rounds of
     ``stall_streams`` streams decoding while one prompt of each of ``stall_lengths`` is prefilled
-    ``stall_per_length`` times (:func:`probe_prefill_stall`); 0 rounds skips it. With ``prefill_passes=2`` the prefill probe runs again at the end
+    ``stall_per_length`` times (:func:`probe_prefill_stall`); 0 rounds skips it. Admission (a pair
+    behind a proxy): with ``admission``, what each hand-off costs the running streams
+    (:func:`probe_admission`; recorded, not charged by the replay unless asked). With ``prefill_passes=2`` the prefill probe runs again at the end
     of the calibration and each length keeps the median over both passes: a shared machine's speed
     drifts over minutes (lab 05 printed a 1,024-token prefill at 273 ms in the contention probe
     and 356 ms from the fit of the first pass, two minutes apart), and TTFT follows prefill.
@@ -75,6 +77,7 @@ class ProbePlan:
     stall_per_length: int = 4
     stall_streams: int = 4
     stall_rounds: int = 2
+    admission: bool = True
 
     def decode_pairs(self) -> list[tuple[int, int]]:
         """(batch, prompt tokens) pairs that are probed."""
@@ -122,7 +125,7 @@ PROBE_PLANS: dict[str, ProbePlan] = {
 
 def _bench(url: str, requests: list[Request], *, seed: int, max_concurrency: int | None = None,
            **kwargs: Any) -> list[RequestRecord]:
-    from pdlab.serve.bench import run_bench
+    from pdlab.serve.client.bench import run_bench
 
     res = run_bench(url, requests, progress=False, seed=seed, max_concurrency=max_concurrency, **kwargs)
     bad = [r.error for r in res.records if not r.ok]
@@ -547,7 +550,7 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     if decode_url and decode_url != url:
         contention = probe_contention(url, decode_url, prompt_tokens=plan.contention_prompt,
                                       repeats=plan.repeats, seed=seed + 3, proxy_url=proxy_url, **bench_kwargs)
-        if proxy_url:
+        if proxy_url and plan.admission:
             admission = probe_admission(proxy_url, decode_url, seed=seed + 4, **bench_kwargs)
     passes = [first]
     if plan.prefill_passes == 2:
@@ -584,7 +587,7 @@ def _probe_and_fit_stall(url: str, plan: ProbePlan, lat: Any, *, seed: int, **be
 def server_context_tokens(url: str) -> int | None:
     """The context length (tokens) a vLLM server accepts, ``max_model_len`` of its ``GET /v1/models``;
     None where the server does not say."""
-    from pdlab.serve.bench import server_models
+    from pdlab.serve.client.bench import server_models
 
     try:
         data = server_models(url)
@@ -598,7 +601,7 @@ def server_kv_capacity_tokens(url: str, default: int | None = None) -> int:
     """KV tokens a vLLM server holds: ``num_gpu_blocks × block_size`` from ``vllm:cache_config_info``."""
     import urllib.request
 
-    from pdlab.serve.evidence import parse_prometheus
+    from pdlab.serve.measure.evidence import parse_prometheus
 
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
