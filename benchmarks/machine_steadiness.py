@@ -12,7 +12,7 @@ repeats two fixed kernels for ``--seconds`` seconds per core and prints, per win
 - ``copy``: copying a 64 MiB array (memory-bandwidth-bound, like a decode step of a large model).
 
 It also prints the machine's busy and stolen CPU over each core's run (``/proc/stat``), so that a
-slow window can be told from a busy machine. The check itself is ``pdlab.serve.hostcheck``, which
+slow window can be told from a busy machine. The check itself is ``pdlab.serve.measure.hostcheck``, which
 labs 01 and 05 also run, shorter, before and after their live runs. If the bare kernels move by as much as lab 05's
 windows, that movement is the host's, and no fit of the engine can predict a run more closely.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from pdlab.serve.hostcheck import measure_host
+from pdlab.serve.measure.hostcheck import measure_host
 
 
 def main() -> None:

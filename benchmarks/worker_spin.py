@@ -30,9 +30,9 @@ import time
 
 import psutil
 from pdlab.serve import colocated, free_port
-from pdlab.serve.bench import run_bench
-from pdlab.serve.cpucost import tree_processes
-from pdlab.serve.modelbuild import tiny_model_dir
+from pdlab.serve.client.bench import run_bench
+from pdlab.serve.engines.modelbuild import tiny_model_dir
+from pdlab.serve.measure.cpucost import tree_processes
 from pdlab.workloads import synthetic_requests
 
 

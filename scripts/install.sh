@@ -9,7 +9,7 @@ venv=${2:-.venv}
 
 # Debian packages: libibverbs1 (Mooncake transfer engine), iproute2 (emulated links),
 # chromium (browser test), libtcmalloc-minimal4 (the allocator vLLM's CPU backend asks to
-# preload; pdlab.serve.vllm preloads it). Only where missing, and only as root.
+# preload; pdlab.serve.engines.vllm preloads it). Only where missing, and only as root.
 need_apt=()
 for pkg in libibverbs1 iproute2 chromium libtcmalloc-minimal4; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")

@@ -1,11 +1,11 @@
-"""The TTFT admission policy of the P/D proxy (pdlab.serve.admission), with a fake clock."""
+"""The TTFT admission policy of the P/D proxy (pdlab.serve.proxy.admission), with a fake clock."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from pdlab.serve.admission import PrefillModel, TTFTAdmission, replay_admission
+from pdlab.serve.proxy.admission import PrefillModel, TTFTAdmission, replay_admission
 
 MODEL = PrefillModel(0.010, 0.001)  # 10 ms + 1 ms per token
 

@@ -137,7 +137,7 @@ def test_text_rendering_matches_token_counts():
 
 
 def test_cli_text_mode_with_the_tiny_tokenizer(tmp_path, capsys):
-    from pdlab.serve.modelbuild import tiny_model_dir
+    from pdlab.serve.engines.modelbuild import tiny_model_dir
 
     tiny = tiny_model_dir()
     out = tmp_path / "text.jsonl"

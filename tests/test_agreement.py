@@ -1,4 +1,4 @@
-"""The client-agreement arithmetic of pdlab.serve.agreement, on synthetic records (no server)."""
+"""The client-agreement arithmetic of pdlab.serve.client.agreement, on synthetic records (no server)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 from pdlab.metrics import RequestRecord
-from pdlab.serve.agreement import BURST_GAP_S, ClientSamples, compare_clients, merge_vllm_results
+from pdlab.serve.client.agreement import BURST_GAP_S, ClientSamples, compare_clients, merge_vllm_results
 
 
 def _record(i: int, ttft: float, step: float, n: int = 5) -> RequestRecord:
@@ -62,8 +62,8 @@ def test_requests_with_one_token_have_no_tpot():
 def test_vllm_bench_serve_is_asked_for_pdlab_bench_sampling():
     """vLLM 0.32's ``vllm bench serve`` sends no temperature unless told (the server's default then
     samples at random); the agreement check passes pdlab bench's own, so both time the same work."""
-    from pdlab.serve.agreement import PDLAB_TEMPERATURE, _vllm_bench_argv
-    from pdlab.serve.bench import ClientOptions
+    from pdlab.serve.client.agreement import PDLAB_TEMPERATURE, _vllm_bench_argv
+    from pdlab.serve.client.bench import ClientOptions
 
     assert PDLAB_TEMPERATURE == ClientOptions().payload("m", "p", 4)["temperature"] == 0.0
     kw = dict(model="m", tokenizer="t", input_len=8, output_len=4, num_prompts=2, rate_rps=None,

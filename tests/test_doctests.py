@@ -14,8 +14,8 @@ MODULES = [
     "pdlab.sched.queueing",
     "pdlab.sched.placement",
     "pdlab.simreal.fit",   # contention_factor, admission_overhead_s (the probes' arithmetic)
-    "pdlab.serve.plumbing",
-    "pdlab.serve.proxy",
+    "pdlab.serve.proxy.plumbing",
+    "pdlab.serve.proxy.server",
 ]
 
 

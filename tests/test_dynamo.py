@@ -1,4 +1,4 @@
-"""NVIDIA Dynamo on one machine (pdlab.serve.dynamo): launcher errors without processes, and one live 1P1D
+"""NVIDIA Dynamo on one machine (pdlab.serve.engines.dynamo): launcher errors without processes, and one live 1P1D
 deployment of Dynamo's frontend and mocker workers (file discovery, TCP request plane, ZMQ event plane).
 
 The live test is skipped only where ``.venv-peers`` lacks Dynamo (``scripts/install_peers.sh`` installs it).
@@ -13,14 +13,13 @@ import urllib.request
 
 import pytest
 from pdlab.process import PortInUseError, free_port, live_processes
-from pdlab.serve.dynamo import (
+from pdlab.serve.client.prefix_workload import prefix_prompts, shared_prefix_slice
+from pdlab.serve.engines.dynamo import (
     DynamoMissingError,
     MockerSpec,
     dynamo_status,
     find_dynamo_python,
     mocker_profile_npz,
-    prefix_prompts,
-    shared_prefix_slice,
     start_dynamo,
 )
 
@@ -74,7 +73,7 @@ def test_mocker_profile_follows_the_fitted_coefficients(tmp_path):
 
 
 def test_prefix_prompts_share_exactly_the_shared_blocks():
-    from pdlab.serve.modelbuild import tiny_model_dir
+    from pdlab.serve.engines.modelbuild import tiny_model_dir
     from pdlab.workloads import Request
 
     reqs = [Request(0, 0.0, 12, 1, (0, 1, 2)), Request(1, 0.1, 12, 1, (0, 1, 5)), Request(2, 0.2, 10, 1, (7, 8, 9))]
@@ -104,7 +103,7 @@ def test_1p1d_mocker_deployment_serves_idles_and_leaves_nothing():
     if not ok:
         pytest.skip(why)
     import psutil
-    from pdlab.serve.cpucost import measure_cpu
+    from pdlab.serve.measure.cpucost import measure_cpu
 
     before = list(live_processes())
     dep = start_dynamo([MockerSpec("prefill"), MockerSpec("decode")], port=free_port(), router_mode="kv")

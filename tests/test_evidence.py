@@ -1,11 +1,11 @@
-"""Prefix-cache hit share from two /metrics snapshots (pdlab.serve.evidence), no server."""
+"""Prefix-cache hit share from two /metrics snapshots (pdlab.serve.measure.evidence), no server."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from pdlab.serve.evidence import MetricsSnapshot, largest_hit_share, prefix_cache_hit_share
+from pdlab.serve.measure.evidence import MetricsSnapshot, largest_hit_share, prefix_cache_hit_share
 
 
 def _snapshot(prompt: float, hit: float, compute: float) -> MetricsSnapshot:

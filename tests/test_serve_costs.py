@@ -10,9 +10,16 @@ import time
 
 import pytest
 from pdlab.process import listening_sockets, parse_cpu_list, pin_threads, pinned, spawn
-from pdlab.serve.cpucost import busiest_threads, format_cpu, machine_cpu_seconds, measure_cpu, own_cpu_seconds
-from pdlab.serve.evidence import MetricsSnapshot
-from pdlab.serve.ttft import (
+from pdlab.serve.engines.vllm import CPU_NIXL_PROGRESS_DELAY_US, VLLMServerSpec, kv_transfer_config
+from pdlab.serve.measure.cpucost import (
+    busiest_threads,
+    format_cpu,
+    machine_cpu_seconds,
+    measure_cpu,
+    own_cpu_seconds,
+)
+from pdlab.serve.measure.evidence import MetricsSnapshot
+from pdlab.serve.measure.ttft import (
     COLOCATED_PARTS,
     DISAGG_PARTS,
     EngineTimes,
@@ -21,7 +28,6 @@ from pdlab.serve.ttft import (
     disaggregated_breakdown,
     engine_times,
 )
-from pdlab.serve.vllm import CPU_NIXL_PROGRESS_DELAY_US, VLLMServerSpec, kv_transfer_config
 
 BUSY = "import time\nprint('ready', flush=True)\nt=time.time()\nwhile time.time()-t<30: pass\n"
 IDLE = "import time\nprint('ready', flush=True)\ntime.sleep(30)\n"
@@ -152,7 +158,7 @@ def test_listening_sockets_reports_address_and_port(tmp_path):
 def test_nixl_config_paces_the_progress_thread_on_cpu_only():
     cfg = kv_transfer_config("nixl", "decode", nixl_progress_delay_us=500)
     assert cfg["kv_connector"] == "NixlConnector"
-    assert cfg["kv_connector_module_path"] == "pdlab.serve.nixl_connector"
+    assert cfg["kv_connector_module_path"] == "pdlab.serve.engines.nixl_connector"
     assert cfg["kv_connector_extra_config"] == {"progress_thread_delay_us": 500}
     assert "kv_connector_module_path" not in kv_transfer_config("nixl", "decode")
     with pytest.raises(ValueError, match=">= 0"):
@@ -161,7 +167,7 @@ def test_nixl_config_paces_the_progress_thread_on_cpu_only():
     assert VLLMServerSpec("m", role="decode", device="cuda").resolved_nixl_delay_us() is None
     assert VLLMServerSpec("m", role="decode", device="cpu", nixl_progress_delay_us=-1).resolved_nixl_delay_us() is None
     argv = VLLMServerSpec("m", role="prefill", device="cpu").argv()
-    assert "pdlab.serve.nixl_connector" in argv[argv.index("--kv-transfer-config") + 1]
+    assert "pdlab.serve.engines.nixl_connector" in argv[argv.index("--kv-transfer-config") + 1]
 
 
 def _snapshot(**means) -> MetricsSnapshot:

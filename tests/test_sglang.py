@@ -1,4 +1,4 @@
-"""pdlab.serve.sglang (command lines, status, the xPyD description) and pdlab.serve.standin (the wire)."""
+"""pdlab.serve.engines.sglang (command lines, status, the xPyD description) and pdlab.serve.engines.standin (the wire)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
-from pdlab.serve.sglang import SGLangPD, gpu_commands, router_argv, sglang_server_argv, sglang_status
-from pdlab.serve.standin import make_standin_app, read_wire_log
-from pdlab.serve.streaming import outcome_record, stream_request
+from pdlab.serve.client.streaming import outcome_record, stream_request
+from pdlab.serve.engines.sglang import SGLangPD, gpu_commands, router_argv, sglang_server_argv, sglang_status
+from pdlab.serve.engines.standin import make_standin_app, read_wire_log
 
 
 def test_server_argv_per_mode_and_errors():
@@ -47,7 +47,7 @@ def test_status_is_a_reason_not_an_exception(monkeypatch):
     import importlib.util
     import types
 
-    import pdlab.serve.sglang as sg
+    import pdlab.serve.engines.sglang as sg
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(sg.importlib.util, "find_spec", lambda name: None if name == "sglang" else real_find_spec(name))
@@ -65,7 +65,7 @@ def test_xpyd_description_of_stand_ins_and_real_workers(tmp_path):
     pd = SGLangPD(n_prefill=2, n_decode=1, prefill_port=41001, decode_port=41101, log_dir=tmp_path)
     assert pd.stand_in and pd.prefill_urls() == ["http://127.0.0.1:41001", "http://127.0.0.1:41002"]
     argv = pd._worker_argv("prefill", 1)
-    assert argv[1:3] == ["-m", "pdlab.serve.standin"] and argv[argv.index("--bootstrap-port") + 1] == "8999"
+    assert argv[1:3] == ["-m", "pdlab.serve.engines.standin"] and argv[argv.index("--bootstrap-port") + 1] == "8999"
     assert argv[argv.index("--wire-log") + 1] == str(tmp_path / "wire-prefill-1.jsonl")
     real = SGLangPD(model="org/m", n_prefill=1, n_decode=2, log_dir=tmp_path)
     dec = real._worker_argv("decode", 1)

@@ -1,4 +1,4 @@
-"""pdlab.serve.streaming: one streamed request against a scripted SSE server, and its RequestRecord."""
+"""pdlab.serve.client.streaming: one streamed request against a scripted SSE server, and its RequestRecord."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
-from pdlab.serve.streaming import (
+from pdlab.serve.client.streaming import (
     StreamOutcome,
     chunk_token_counts,
     outcome_record,

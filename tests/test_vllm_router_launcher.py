@@ -6,8 +6,8 @@ import socket
 
 import pytest
 from pdlab.process import PortInUseError, free_port, live_processes
-from pdlab.serve import vllm_router
-from pdlab.serve.vllm_router import RouterMissingError, find_vllm_router, start_vllm_router
+from pdlab.serve.engines import vllm_router
+from pdlab.serve.engines.vllm_router import RouterMissingError, find_vllm_router, start_vllm_router
 
 
 def test_missing_binary_names_the_install_script(monkeypatch, tmp_path):

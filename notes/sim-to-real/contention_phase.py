@@ -43,9 +43,9 @@ import urllib.request
 import numpy as np
 from pdlab.hardware import machine_type
 from pdlab.serve import DeployPorts, disaggregated
-from pdlab.serve.bench import run_bench
-from pdlab.serve.cpucost import own_cpu_seconds, thread_deltas, thread_times
-from pdlab.serve.modelbuild import tiny_model_dir
+from pdlab.serve.client.bench import run_bench
+from pdlab.serve.engines.modelbuild import tiny_model_dir
+from pdlab.serve.measure.cpucost import own_cpu_seconds, thread_deltas, thread_times
 from pdlab.serve.probes import while_running
 from pdlab.workloads import Request
 
@@ -85,7 +85,7 @@ def streamed_burst(url: str, seed: int) -> None:
 
 class BusyWindow:
     """Over a ``with`` block: the front ends' and this client's CPU (``cores``, of ``pids``) and every
-    thread's of the labelled process trees (``threads``, :func:`~pdlab.serve.cpucost.thread_deltas`)."""
+    thread's of the labelled process trees (``threads``, :func:`~pdlab.serve.measure.cpucost.thread_deltas`)."""
 
     def __init__(self, pids: list[int], roots: dict[str, int]):
         self.pids, self.roots = pids, roots

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 from pdlab.serve import DeployPorts, disaggregated
-from pdlab.serve.modelbuild import tiny_model_dir
+from pdlab.serve.engines.modelbuild import tiny_model_dir
 from pdlab.serve.probes import probe_contention
 
 SERVER_KW = dict(max_model_len=2048, max_num_seqs=128, max_num_batched_tokens=2048)   # lab 05's ci

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 from pdlab.metrics import tpot_s
 from pdlab.serve import DeployPorts, disaggregated
-from pdlab.serve.bench import build_workload, run_bench
-from pdlab.serve.cpucost import tree_processes
-from pdlab.serve.evidence import scrape_metrics
-from pdlab.serve.modelbuild import tiny_model_dir
+from pdlab.serve.client.bench import build_workload, run_bench
+from pdlab.serve.engines.modelbuild import tiny_model_dir
+from pdlab.serve.measure.cpucost import tree_processes
+from pdlab.serve.measure.evidence import scrape_metrics
 from pdlab.serve.probes import PROBE_PLANS, probe_decode, probe_prefill
 from pdlab.simreal.calibrate import decode_steps_vs_model, fit_profile, quiet_step_ratio
 

@@ -37,9 +37,9 @@ import time
 
 import numpy as np
 from pdlab.serve import colocated, free_port
-from pdlab.serve.bench import build_workload, run_bench
-from pdlab.serve.cpucost import tree_processes
-from pdlab.serve.modelbuild import tiny_model_dir
+from pdlab.serve.client.bench import build_workload, run_bench
+from pdlab.serve.engines.modelbuild import tiny_model_dir
+from pdlab.serve.measure.cpucost import tree_processes
 from pdlab.serve.probes import probe_decode, probe_prefill
 from pdlab.workloads import split_blocks
 

@@ -42,9 +42,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from pdlab.serve import colocated, free_port  # noqa: E402
-from pdlab.serve.cpucost import machine_cpu_seconds  # noqa: E402
-from pdlab.serve.hostcheck import kernels  # noqa: E402
-from pdlab.serve.modelbuild import tiny_model_dir  # noqa: E402
+from pdlab.serve.engines.modelbuild import tiny_model_dir  # noqa: E402
+from pdlab.serve.measure.cpucost import machine_cpu_seconds  # noqa: E402
+from pdlab.serve.measure.hostcheck import kernels  # noqa: E402
 from pdlab.serve.probes import probe_decode, probe_prefill  # noqa: E402
 
 COLUMNS = {"prefill": "engine: 1024-token prefill (ms)", "decode": "engine: decode gap b=8 (ms)",

@@ -16,7 +16,7 @@ interleaved rounds (so drift hits all alike), runs
   the requests during whose wait no other request streamed are the ones lab 05 sets its run's
   hand-off on;
 
-each inside the engines' TTFT breakdown (:class:`pdlab.serve.ttft.BreakdownWindow`), whose mean
+each inside the engines' TTFT breakdown (:class:`pdlab.serve.measure.ttft.BreakdownWindow`), whose mean
 parts say where in the hand-off the time goes (decode front end, decode queue, KV transfer,
 decode first step).
 
@@ -34,10 +34,10 @@ import numpy as np
 from pdlab.hardware import machine_type
 from pdlab.metrics import RequestRecord
 from pdlab.serve import DeployPorts, disaggregated
-from pdlab.serve.bench import build_workload, run_bench
-from pdlab.serve.modelbuild import tiny_model_dir
+from pdlab.serve.client.bench import build_workload, run_bench
+from pdlab.serve.engines.modelbuild import tiny_model_dir
+from pdlab.serve.measure.ttft import BreakdownWindow, combine_breakdowns
 from pdlab.serve.probes import PROBE_PLANS
-from pdlab.serve.ttft import BreakdownWindow, combine_breakdowns
 from pdlab.simreal.calibrate import decode_busy_while_waiting
 from pdlab.workloads import Request
 

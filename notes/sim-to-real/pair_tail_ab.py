@@ -36,9 +36,9 @@ from decode_bias_ab import _cpu_table, _roles, _snapshot  # noqa: I001  (a sibli
 from pdlab.metrics import tpot_s, ttft_s
 from pdlab.process import thread_ids
 from pdlab.serve import DeployPorts, disaggregated
-from pdlab.serve.bench import build_workload, run_bench
-from pdlab.serve.cpucost import machine_cpu_seconds
-from pdlab.serve.modelbuild import tiny_model_dir
+from pdlab.serve.client.bench import build_workload, run_bench
+from pdlab.serve.engines.modelbuild import tiny_model_dir
+from pdlab.serve.measure.cpucost import machine_cpu_seconds
 from pdlab.serve.probes import PROBE_PLANS, probe_decode, probe_prefill
 from pdlab.simreal.calibrate import decode_gap_tail, fit_profile
 

@@ -43,7 +43,7 @@ import time
 import numpy as np
 from pdlab.process import free_port
 from pdlab.serve import colocated
-from pdlab.serve.modelbuild import tiny_model_dir
+from pdlab.serve.engines.modelbuild import tiny_model_dir
 from pdlab.serve.probes import calibrate, probe_prefill_stall
 
 STREAM_PROMPT = 256

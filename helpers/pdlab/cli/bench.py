@@ -37,7 +37,7 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdlab.serve.bench import ClientOptions, build_workload, format_summary, run_bench
+    from pdlab.serve.client.bench import ClientOptions, build_workload, format_summary, run_bench
 
     if args.rate <= 0:
         raise CLIError(f"--rate must be positive, got {args.rate}")

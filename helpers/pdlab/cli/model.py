@@ -24,7 +24,7 @@ def register(sub: Subcommands) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from pdlab.serve.modelbuild import build_model
+    from pdlab.serve.engines.modelbuild import build_model
 
     try:
         result = build_model(args.preset, args.out, seed=args.seed, overwrite=args.force, base=args.base)

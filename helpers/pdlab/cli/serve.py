@@ -38,7 +38,7 @@ def register(sub: Subcommands) -> None:
 def _model(arg: str | None) -> str:
     if arg:
         return arg
-    from pdlab.serve.modelbuild import tiny_model_dir
+    from pdlab.serve.engines.modelbuild import tiny_model_dir
 
     return str(tiny_model_dir())
 

@@ -54,7 +54,7 @@ def register(sub: Subcommands) -> None:
 def run_calibrate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from pdlab.serve.bench import ClientOptions
+    from pdlab.serve.client.bench import ClientOptions
     from pdlab.serve.probes import PROBE_PLANS, calibrate
     from pdlab.simreal.calibration import save_calibration
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from pdlab.exercises import CheckResult, check_close
 from pdlab.metrics import RequestRecord
-from pdlab.serve.evidence import KVTransferEvidence
+from pdlab.serve.measure.evidence import KVTransferEvidence
 
 __all__ = ["check_tpot_from_record", "check_transferred_fraction", "check_short_request_tpot_us"]
 

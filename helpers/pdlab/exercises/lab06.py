@@ -26,7 +26,7 @@ def check_prefill_bound_rps(value, short_prefill_s: float, long_prefill_s: float
 def check_recompute_prediction(value: Mapping[str, bool] | None, outcomes: Iterable, policy: str) -> CheckResult:
     """Exercise 1: a prediction, for every fault the matrix ran, of whether the client ends with its full
     answer (True) or not (False) under ``policy``; graded against the run's
-    :class:`pdlab.serve.faults.FaultOutcome` rows."""
+    :class:`pdlab.serve.experiments.faults.FaultOutcome` rows."""
     expected = {o.fault: o.client == "answer" for o in outcomes if o.policy == policy}
     got = None if value is None else {str(k): bool(v) for k, v in dict(value).items()}
     wrong = [] if got is None else sorted(f for f in expected if got.get(f) != expected[f])

@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import ClientSession, ClientTimeout
 
 from pdlab.metrics import RequestRecord
-from pdlab.serve.streaming import outcome_record, run_sync, stream_request
+from pdlab.serve.client.streaming import outcome_record, run_sync, stream_request
 
 __all__ = ["send_streaming", "run_open_loop", "run_sessions", "chat_body", "run_sync"]
 
@@ -51,7 +51,7 @@ async def send_streaming(session: ClientSession, url: str, body: dict[str, Any],
                          ) -> RequestRecord:
     """POST ``body`` (chat if it has ``messages``, else completions) with streaming; return its record.
 
-    Times are ``time.perf_counter() - clock0``; the record is made by :func:`pdlab.serve.streaming.outcome_record`.
+    Times are ``time.perf_counter() - clock0``; the record is made by :func:`pdlab.serve.client.streaming.outcome_record`.
     A failed request (non-200, broken connection, SSE ``error`` event) gives ``ok=False`` with the message.
     """
     sent = time.perf_counter()

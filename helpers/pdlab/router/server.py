@@ -3,7 +3,7 @@
 For every OpenAI request (``/v1/completions``, ``/v1/chat/completions``) it
 
 1. validates the body (a malformed one gets 400 before any backend is touched; the checks are the
-   disaggregation proxy's, :func:`pdlab.serve.plumbing.validate_request`);
+   disaggregation proxy's, :func:`pdlab.serve.proxy.plumbing.validate_request`);
 2. counts the prompt's tokens (the model's tokenizer when given, else ≈ 4 characters per token)
    and predicts the output length (:mod:`pdlab.router.policies` predictors; the key is the hash
    of the first message or the first 2,048 prompt characters — the agent's system prompt);
@@ -41,7 +41,7 @@ from pdlab.router.policies import (
     RoutingPolicy,
     TargetLoad,
 )
-from pdlab.serve.plumbing import (
+from pdlab.serve.proxy import (
     client_session,
     error_response,
     forwarded_headers,

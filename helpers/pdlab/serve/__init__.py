@@ -1,34 +1,23 @@
-"""Live engines: launch and stop vLLM servers (colocated, prefill, decode), the PD proxy, evidence.
+"""Live serving, by concern:
 
-Submodules: ``process`` (process groups, ports, hygiene), ``vllm`` (one vLLM server and its
-KV-connector config), ``deploy`` (colocated / xPyD deployments), ``proxy`` (the
-``kv_transfer_params`` proxy), ``evidence`` (``/metrics`` → KV tokens transferred vs recomputed),
-``sglang`` (SGLang PD commands and the router demo), ``bench`` (the benchmark client, ``pdlab bench``),
-``streaming`` (one streamed request → ``RequestRecord``), ``modelbuild`` (the tiny model). Nothing starts
-at import time.
+- :mod:`pdlab.serve.engines` — launchers: vLLM servers and deployments, SGLang and its stand-ins,
+  Dynamo, vLLM's router, the tiny model;
+- :mod:`pdlab.serve.proxy` — the P/D proxy and the HTTP plumbing the router shares, early rejection;
+- :mod:`pdlab.serve.client` — the benchmark client, streaming, agreement with ``vllm bench``;
+- :mod:`pdlab.serve.measure` — CPU cost, host check, TTFT anatomy, ``/metrics`` evidence;
+- :mod:`pdlab.serve.experiments` — faults and overload (lab 06);
+- :mod:`pdlab.serve.probes` — the live calibration probes (lab 05).
+
+The names of ``engines``, ``client`` and ``measure`` are re-exported here, with the process hygiene
+of :mod:`pdlab.process` the labs use beside them; import ``proxy``, ``experiments`` and ``probes`` as
+subpackages. Nothing starts at import time.
 """
 
 from pdlab.process import PortInUseError, ServerStartError, free_port, live_processes, stop_all
-from pdlab.serve.deploy import Deployment, DeployPorts, RolePlacement, colocated, disaggregated, start_proxy
-from pdlab.serve.evidence import KVTransferEvidence, kv_transfer_evidence, scrape_metrics
-from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, kv_transfer_config
+from pdlab.serve import client, engines, measure
+from pdlab.serve.client import *  # noqa: F403 - the names listed in client.__all__
+from pdlab.serve.engines import *  # noqa: F403 - the names listed in engines.__all__
+from pdlab.serve.measure import *  # noqa: F403 - the names listed in measure.__all__
 
-__all__ = [
-    "Deployment",
-    "DeployPorts",
-    "RolePlacement",
-    "colocated",
-    "disaggregated",
-    "start_proxy",
-    "KVTransferEvidence",
-    "kv_transfer_evidence",
-    "scrape_metrics",
-    "PortInUseError",
-    "ServerStartError",
-    "free_port",
-    "live_processes",
-    "stop_all",
-    "VLLMServer",
-    "VLLMServerSpec",
-    "kv_transfer_config",
-]
+__all__ = ["PortInUseError", "ServerStartError", "free_port", "live_processes", "stop_all",
+           *engines.__all__, *client.__all__, *measure.__all__]

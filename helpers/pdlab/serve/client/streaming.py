@@ -8,7 +8,7 @@ and a chunk holding several tokens counts once. It also asks for
 ``stream_options.continuous_usage_stats`` (vLLM, SGLang): every chunk then carries the running
 ``usage.completion_tokens``, so the client knows how many tokens each chunk held, which the
 timing rule alone cannot tell (an API server that falls behind merges tokens into one chunk). :func:`outcome_record` turns the outcome into a
-:class:`pdlab.metrics.RequestRecord` for both :mod:`pdlab.serve.bench` (open-loop benchmarks) and
+:class:`pdlab.metrics.RequestRecord` for both :mod:`pdlab.serve.client.bench` (open-loop benchmarks) and
 :mod:`pdlab.router.client` (router runs, agent sessions). :func:`run_sync` runs either from plain
 code or Jupyter.
 """

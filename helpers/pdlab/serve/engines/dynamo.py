@@ -21,7 +21,7 @@ with ``ss``: ``DYN_EVENT_PLANE_HOST`` changes only the address it advertises). T
 (``DYN_ZMQ_BROKER_URL``), needs a broker process that Dynamo does not ship. So, where a network namespace can
 be made (root, ``ip``), the frontend and the mockers run inside a fresh namespace whose only interface is
 ``lo`` (:func:`pdlab.transfer.netns.loopback_namespace`, as the course's Mooncake peers): what they listen on
-there is reachable from nowhere else. A small forwarder (this module's ``forward`` command) listens on
+there is reachable from nowhere else. A small forwarder (:mod:`pdlab.serve.engines.dynamo_forward`) listens on
 127.0.0.1:``port`` in the machine's namespace and relays each connection to the frontend inside; it is the
 deployment's ``url``. Without a namespace the processes run in the machine's namespace and
 :meth:`DynamoDeployment.exposed_sockets` lists the ZMQ sockets that then listen on 0.0.0.0.
@@ -38,7 +38,6 @@ mocker's ``--planner-profile-data`` format, so that the mocker's simulated time 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -64,8 +63,6 @@ __all__ = [
     "start_dynamo",
     "mocker_profile_npz",
     "frontend_prefix_hits",
-    "prefix_prompts",
-    "shared_prefix_slice",
 ]
 
 #: Environment that keeps every socket of Dynamo's processes on loopback (see the module docstring).
@@ -174,7 +171,7 @@ class DynamoDeployment:
         return [p for p in (self.forwarder, self.frontend, *(p for _, p in self.workers)) if p is not None]
 
     def roots(self) -> dict[str, int]:
-        """``{"frontend": pid, "agg-0": pid, "prefill-0": pid, ..., "forwarder": pid}`` (for :mod:`pdlab.serve.cpucost`)."""
+        """``{"frontend": pid, "agg-0": pid, "prefill-0": pid, ..., "forwarder": pid}`` (for :mod:`pdlab.serve.measure.cpucost`)."""
         out = {"frontend": self.frontend.pid}
         counts: dict[str, int] = {}
         for spec, proc in self.workers:
@@ -314,7 +311,7 @@ def start_dynamo(workers: Sequence[MockerSpec | str], *, port: int, model_path: 
         raise ValueError(f"isolate must be auto, netns or none, got {isolate!r}")
     check_port_free(port, what="Dynamo frontend")
     if model_path is None:
-        from pdlab.serve.modelbuild import tiny_model_dir
+        from pdlab.serve.engines.modelbuild import tiny_model_dir
 
         model_path = tiny_model_dir()
     model_path = str(Path(model_path).resolve()) if Path(model_path).exists() else str(model_path)
@@ -348,7 +345,7 @@ def start_dynamo(workers: Sequence[MockerSpec | str], *, port: int, model_path: 
             procs.append((spec, proc))
         forwarder = None
         if netns is not None:
-            forwarder = spawn(f"dynamo-forwarder-{port}", [sys.executable, "-m", "pdlab.serve.dynamo", "forward",
+            forwarder = spawn(f"dynamo-forwarder-{port}", [sys.executable, "-m", "pdlab.serve.engines.dynamo_forward",
                                                            "--port", str(port), "--netns", netns],
                               logs / "forwarder.log")
             started.append(forwarder)
@@ -367,7 +364,7 @@ def start_dynamo(workers: Sequence[MockerSpec | str], *, port: int, model_path: 
 
 def frontend_prefix_hits(before: Any, after: Any) -> dict[str, float]:
     """Prompt tokens the workers served from their prefix caches between two scrapes of the frontend's
-    ``/metrics`` (:func:`pdlab.serve.evidence.scrape_metrics`): ``dynamo_frontend_cached_tokens`` (reported by
+    ``/metrics`` (:func:`pdlab.serve.measure.evidence.scrape_metrics`): ``dynamo_frontend_cached_tokens`` (reported by
     the workers per request) over ``dynamo_frontend_input_sequence_tokens``; ``share`` is their ratio."""
     cached = after.total("dynamo_frontend_cached_tokens_sum") - before.total("dynamo_frontend_cached_tokens_sum")
     total = (after.total("dynamo_frontend_input_sequence_tokens_sum")
@@ -399,122 +396,3 @@ def mocker_profile_npz(model: Any, path: str | Path, *, max_prompt_tokens: int =
     np.savez(path, prefill_isl=isl, prefill_ttft_ms=(ap + bp * isl + cp * isl * isl) * 1e3,
              decode_active_kv_tokens=kv, decode_context_length=ctx, decode_itl=itl_s * 1e3)
     return path
-
-
-def prefix_prompts(requests: Sequence[Any], tokenizer_path: str | Path, *, block_tokens: int,
-                   seed: int = 0) -> list[str]:
-    """Prompt texts whose shared prefixes follow the requests' ``hash_ids`` (Mooncake's prefix blocks).
-
-    Block ``h`` becomes the same ``block_tokens`` one-token words in every prompt that holds it (words drawn
-    with a generator seeded by ``(seed, h)``), so two prompts share exactly the blocks their hash ids
-    share; the prompt is cut or padded to the request's ``prompt_tokens``. Each word is one token after a
-    space (:class:`pdlab.serve.bench.PromptSynthesizer`), so a prompt of ``n`` words is ``n`` tokens.
-    """
-    import numpy as np
-
-    from pdlab.serve.bench import PromptSynthesizer
-
-    synth = PromptSynthesizer(tokenizer_path)
-    words = synth.words
-    out = []
-    for r in requests:
-        parts: list[str] = []
-        for h in r.hash_ids:
-            rng = np.random.default_rng([seed, int(h)])
-            parts += [words[i] for i in rng.integers(0, len(words), size=block_tokens)]
-        if len(parts) < r.prompt_tokens:
-            rng = np.random.default_rng([seed, 1 << 40, int(r.request_id)])
-            parts += [words[i] for i in rng.integers(0, len(words), size=r.prompt_tokens - len(parts))]
-        out.append("".join(parts[:r.prompt_tokens]))
-    return out
-
-
-def shared_prefix_slice(trace: Sequence[Any], n: int, *, block_tokens: int, max_output_tokens: int,
-                        rate_rps: float, prefix_blocks: int = 4, min_group: int = 3, seed: int = 0) -> list[Any]:
-    """``n`` requests of a Mooncake trace that come in conversations: requests whose first ``prefix_blocks``
-    hash ids are equal (in the conversation trace block 0 is in every request, a shared system prompt).
-
-    Groups of at least ``min_group`` requests are taken whole, in trace order of their first request, until
-    ``n`` requests are chosen; those keep their trace order, so a conversation's turns interleave with others'.
-    Prompt lengths are scaled to ``block_tokens`` tokens per hash block (Mooncake's blocks are 512 tokens):
-    a prompt is ``len(hash_ids) × block_tokens`` tokens. Outputs are clipped to ``max_output_tokens`` and
-    arrivals are Poisson at ``rate_rps`` (the trace's own gaps are minutes apart).
-    """
-    from pdlab.workloads import Request
-    from pdlab.workloads.synthetic import poisson_arrivals
-
-    groups: dict[tuple[int, ...], list[Any]] = {}
-    for r in trace:
-        if len(r.hash_ids) >= prefix_blocks:
-            groups.setdefault(tuple(r.hash_ids[:prefix_blocks]), []).append(r)
-    chosen: list[Any] = []
-    for members in sorted((g for g in groups.values() if len(g) >= min_group), key=lambda g: g[0].arrival_s):
-        chosen += members
-        if len(chosen) >= n:
-            break
-    chosen = sorted(chosen, key=lambda r: r.arrival_s)[:n]
-    if len(chosen) < n:
-        raise ValueError(f"the trace has only {len(chosen)} requests in conversations of {min_group}+; asked for {n}")
-    arrivals = poisson_arrivals(rate_rps, n, seed=seed)
-    return [Request(i, float(t), len(r.hash_ids) * block_tokens, max(1, min(r.output_tokens, max_output_tokens)),
-                    tuple(r.hash_ids)) for i, (r, t) in enumerate(zip(chosen, arrivals, strict=True))]
-
-
-# ------------------------------------------------------------------ the forwarder (run as a process)
-def _forward(port: int, netns: str) -> None:
-    """Listen on 127.0.0.1:``port`` here, then enter namespace ``netns`` and relay each connection to
-    127.0.0.1:``port`` there (a socket keeps the namespace it was made in; new ones are made in the new one)."""
-    import asyncio
-    import ctypes
-    import socket
-
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", port))
-    listener.listen(256)
-    listener.setblocking(False)
-    fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
-        raise OSError(ctypes.get_errno(), f"setns into {netns} failed")
-    os.close(fd)
-
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, OSError, asyncio.IncompleteReadError):
-            while data := await reader.read(1 << 16):
-                writer.write(data)
-                await writer.drain()
-            if writer.can_write_eof():
-                writer.write_eof()
-
-    async def handle(c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
-        try:
-            u_reader, u_writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError:
-            c_writer.close()
-            return
-        try:
-            await asyncio.gather(pipe(c_reader, u_writer), pipe(u_reader, c_writer))
-        finally:
-            for w in (u_writer, c_writer):
-                with contextlib.suppress(Exception):
-                    w.close()
-
-    async def main() -> None:
-        server = await asyncio.start_server(handle, sock=listener)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(main())
-
-
-if __name__ == "__main__":  # python -m pdlab.serve.dynamo forward --port P --netns NAME
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m pdlab.serve.dynamo")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    fwd = sub.add_parser("forward", help="relay 127.0.0.1:PORT here to 127.0.0.1:PORT in network namespace NAME")
-    fwd.add_argument("--port", type=int, required=True)
-    fwd.add_argument("--netns", required=True)
-    args = parser.parse_args()
-    _forward(args.port, args.netns)

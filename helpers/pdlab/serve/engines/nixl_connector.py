@@ -1,9 +1,9 @@
 """vLLM's ``NixlConnector`` with a NIXL progress thread that sleeps between polls.
 
 Loaded by vLLM itself, inside the server's processes, never by the course's own code: the
-``--kv-transfer-config`` that :func:`pdlab.serve.vllm.kv_transfer_config` writes for a CPU server
+``--kv-transfer-config`` that :func:`pdlab.serve.engines.vllm.kv_transfer_config` writes for a CPU server
 names ``"kv_connector": "NixlConnector"`` and ``"kv_connector_module_path":
-"pdlab.serve.nixl_connector"``. vLLM (0.32, ``kv_connector/factory.py``) imports a connector
+"pdlab.serve.engines.nixl_connector"``. vLLM (0.32, ``kv_connector/factory.py``) imports a connector
 class from an external module path before its own registry, so the class keeps vLLM's name and
 every configuration check keyed on the name ``NixlConnector`` still applies.
 

@@ -3,7 +3,7 @@
 On a GPU box: real SGLang servers (``python -m sglang.launch_server --disaggregation-mode
 prefill|decode --disaggregation-transfer-backend mooncake|nixl ...``), one GPU each, behind the
 real router. On a machine without a GPU (or without SGLang), SGLang cannot run; the same router
-is put in front of clearly labelled stand-in workers (:mod:`pdlab.serve.standin`) so that its
+is put in front of clearly labelled stand-in workers (:mod:`pdlab.serve.engines.standin`) so that its
 routing and its bootstrap fields can be seen on the wire.
 
 Flags are those of SGLang 0.5 (``python/sglang/srt/server_args.py``) and sglang-router 0.3.
@@ -132,7 +132,7 @@ class SGLangPD:
         port = (self.prefill_port if role == "prefill" else self.decode_port) + i
         bport = self.bootstrap_port + i
         if self.stand_in:
-            argv = [sys.executable, "-m", "pdlab.serve.standin", "--role", role, "--port", str(port),
+            argv = [sys.executable, "-m", "pdlab.serve.engines.standin", "--role", role, "--port", str(port),
                     "--wire-log", str(self.wire_log(role, i)), "--token-interval", str(self.token_interval_s)]
             return argv + (["--bootstrap-port", str(bport)] if role == "prefill" else [])
         gpu = i if role == "prefill" else self.n_prefill + i

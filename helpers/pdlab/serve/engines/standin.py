@@ -12,7 +12,7 @@ The decode stand-in streams ``max_tokens`` filler tokens at a fixed pace (``--to
 the prefill stand-in answers after ``--prefill-delay`` seconds. Both say ``"stand-in": true`` in
 every answer.
 
-Run: ``python -m pdlab.serve.standin --role decode --port 31002 --wire-log build/serve/d.jsonl``.
+Run: ``python -m pdlab.serve.engines.standin --role decode --port 31002 --wire-log build/serve/d.jsonl``.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def make_standin_app(role: str, wire_log: str | Path, *, token_interval_s: float
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pdlab.serve.standin", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pdlab.serve.engines.standin", description=__doc__.splitlines()[0])
     parser.add_argument("--role", required=True, choices=["prefill", "decode"])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)

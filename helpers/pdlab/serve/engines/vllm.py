@@ -6,7 +6,7 @@ Prefill and decode servers get a ``--kv-transfer-config`` for a KV connector:
 
 - ``nixl``: ``NixlConnector`` (``kv_producer`` / ``kv_consumer``), KV buffer on ``cpu`` or ``cuda``;
   each instance needs its own NIXL side-channel port (``VLLM_NIXL_SIDE_CHANNEL_PORT``). On a CPU
-  the class comes from :mod:`pdlab.serve.nixl_connector` (same name, same protocol) so that NIXL's
+  the class comes from :mod:`pdlab.serve.engines.nixl_connector` (same name, same protocol) so that NIXL's
   progress thread sleeps ``nixl_progress_delay_us`` between polls instead of spinning a core;
 - ``example``: ``ExampleConnector`` — KV through files in a shared folder (debugging connector).
 
@@ -70,7 +70,7 @@ def kv_transfer_config(connector: str, role: str, *, buffer_device: str = "cpu",
     """The ``--kv-transfer-config`` dict for ``role`` (None for a colocated server).
 
     ``nixl_progress_delay_us`` (NIXL only): None keeps vLLM's own NixlConnector (its progress
-    thread never sleeps); a number loads :mod:`pdlab.serve.nixl_connector`, whose agents sleep
+    thread never sleeps); a number loads :mod:`pdlab.serve.engines.nixl_connector`, whose agents sleep
     that many µs between progress polls. ``load_failure_policy``: what a decode server does when a
     KV load fails, ``"fail"`` (vLLM's default since PR #34896: the request errors) or
     ``"recompute"`` (it prefills the prompt itself). ``kv_lease_s`` (NIXL): seconds a prefill
@@ -94,7 +94,7 @@ def kv_transfer_config(connector: str, role: str, *, buffer_device: str = "cpu",
         if nixl_progress_delay_us is not None:
             if nixl_progress_delay_us < 0:
                 raise ValueError(f"nixl_progress_delay_us must be >= 0, got {nixl_progress_delay_us}")
-            cfg["kv_connector_module_path"] = "pdlab.serve.nixl_connector"
+            cfg["kv_connector_module_path"] = "pdlab.serve.engines.nixl_connector"
             cfg["kv_connector_extra_config"] = {"progress_thread_delay_us": int(nixl_progress_delay_us)}
         if kv_lease_s is not None:
             cfg.setdefault("kv_connector_extra_config", {})["kv_lease_duration"] = int(kv_lease_s)
@@ -157,7 +157,7 @@ class VLLMServerSpec:
 
     def argv(self) -> list[str]:
         """The command line (``python -m vllm.entrypoints.openai.api_server ...``)."""
-        from pdlab.serve.modelbuild import needs_dummy_weights
+        from pdlab.serve.engines.modelbuild import needs_dummy_weights
 
         device = self.resolved_device()
         model = str(Path(self.model).resolve()) if Path(self.model).is_dir() else str(self.model)

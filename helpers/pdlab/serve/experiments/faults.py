@@ -2,7 +2,7 @@
 
 Disaggregation adds ways to fail that a single server does not have: a role dies or stalls while
 the other waits, the KV hand-off breaks half-way. Each fault here is injected into a running
-:class:`pdlab.serve.deploy.Deployment` (one prefill, one decode, the proxy) and measured the same
+:class:`pdlab.serve.engines.deploy.Deployment` (one prefill, one decode, the proxy) and measured the same
 way (:class:`FaultOutcome`):
 
 - what the client received — the full answer, an SSE ``error`` event, an HTTP error, a closed
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from pdlab.serve.evidence import scrape_metrics
+from pdlab.serve.measure.evidence import scrape_metrics
 from pdlab.serve.proxy import decode_request, prefill_request
 
 __all__ = ["FAULTS", "StreamOutcome", "FaultOutcome", "stream", "engine_state", "wait_idle", "reference_text",

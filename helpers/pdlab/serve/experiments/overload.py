@@ -2,7 +2,7 @@
 
 Mooncake (FAST'25 §7, arXiv 2407.00079v3) refuses a request on arrival when its predicted TTFT
 misses the SLO, instead of admitting it and missing later; notebook 07 simulates that policy.
-Here it runs live (:mod:`pdlab.serve.admission`, the proxy's ``--admission-profile``), and a run
+Here it runs live (:mod:`pdlab.serve.proxy.admission`, the proxy's ``--admission-profile``), and a run
 is measured as one row of :class:`OverloadRow`:
 
 1. :func:`fit_prefill_model` probes the prefill server one prompt at a time and fits
@@ -13,7 +13,7 @@ is measured as one row of :class:`OverloadRow`:
 3. :func:`overload_run` sends the workload at a multiple of that rate and records goodput, the
    SLO attainment of the *admitted* requests, the rejection share (HTTP 503), other failures,
    and the engines' peak memory (RSS of their process trees) and KV-cache usage, sampled while
-   it runs. The same arrivals go through :func:`pdlab.serve.admission.replay_admission`, the
+   it runs. The same arrivals go through :func:`pdlab.serve.proxy.admission.replay_admission`, the
    policy's offline replay, so the live rejections can be set beside the predicted ones.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, percentiles, slo_attainment, summarize
-from pdlab.serve.admission import PrefillModel, replay_admission
-from pdlab.serve.evidence import largest_hit_share, scrape_metrics
+from pdlab.serve.measure.evidence import largest_hit_share, scrape_metrics
+from pdlab.serve.proxy.admission import PrefillModel, replay_admission
 from pdlab.workloads import Request
 
 __all__ = ["REJECTED", "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff",
@@ -97,7 +97,7 @@ def saturation_capacity(url: str, requests: Sequence[Request], *, seed: int = 0,
     queue empty) do not dilute it. Raises RuntimeError when any request fails: a capacity measured
     with failures is not one.
     """
-    from pdlab.serve.bench import ClientOptions, run_bench
+    from pdlab.serve.client.bench import ClientOptions, run_bench
 
     if not 0 < middle <= 1 or len(requests) < 5:
         raise ValueError(f"need ≥ 5 requests and 0 < middle ≤ 1, got {len(requests)} and {middle}")
@@ -126,7 +126,7 @@ class ResourceSampler:
         self._thread: threading.Thread | None = None
 
     def sample(self) -> None:
-        from pdlab.serve.cpucost import tree_processes
+        from pdlab.serve.measure.cpucost import tree_processes
 
         for label, pid in self.roots.items():
             rss = 0
@@ -207,7 +207,7 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     ``model``/``handoff_s``/``headroom``: the admission's settings, replayed offline on the same arrivals
     (``server_prompt_tokens``: request id → the server's prompt length, when the client's differs).
     """
-    from pdlab.serve.bench import ClientOptions, run_bench
+    from pdlab.serve.client.bench import ClientOptions, run_bench
 
     roots = {s.spec.role: s.process.pid for s in dep.servers}
     before = dep.metrics_by_role()

@@ -251,7 +251,7 @@ delay = int(sys.argv[1]); window = float(sys.argv[2])
 if delay < 0:
     from nixl._api import nixl_agent
 else:
-    from pdlab.serve.nixl_connector import PacedNixlAgent as nixl_agent
+    from pdlab.serve.engines.nixl_connector import PacedNixlAgent as nixl_agent
     nixl_agent.progress_delay_us = delay
 from nixl._api import nixl_agent_config
 agent = nixl_agent("idle-probe", nixl_agent_config(num_threads=4, capture_telemetry=True))  # as vLLM 0.32 builds it
@@ -267,7 +267,7 @@ def nixl_agent_idle_cpu(progress_delay_us: int | None, window_s: float = 3.0, ti
     """CPU (fraction of one core) of a bare, idle NIXL agent configured as vLLM's worker makes it.
 
     ``None``: NIXL's stock agent (progress thread never sleeps); a number: the
-    :class:`pdlab.serve.nixl_connector.PacedNixlAgent` the course's CPU servers use. Runs in a
+    :class:`pdlab.serve.engines.nixl_connector.PacedNixlAgent` the course's CPU servers use. Runs in a
     subprocess (NIXL with UCX must not outlive its interpreter). Raises RuntimeError naming the
     problem if NIXL (or vLLM, for the paced agent) is missing.
     """

@@ -11,14 +11,14 @@ time of each relative to the whole check's median:
 
 It also reads the machine's busy and stolen CPU over the check (``/proc/stat``), so that a slow
 window can be told from a busy machine. The kernels run in a child process
-(``python -m pdlab.serve.hostcheck``) with one BLAS/OpenMP thread, so the caller's own thread
+(``python -m pdlab.serve.measure.hostcheck``) with one BLAS/OpenMP thread, so the caller's own thread
 pools and affinity are left alone (a notebook kernel calls :func:`measure_host`).
 
 On a KVM guest with nothing else running, the course measured a matmul window 1.55× slower than
 another 20 s later on the same core (2026-12-05, ``benchmarks/machine_steadiness.py``): where
 that happens, a miss of ±10 % is the host's, not the model's.
 
-    python -m pdlab.serve.hostcheck --core 0 --seconds 12 --window 2
+    python -m pdlab.serve.measure.hostcheck --core 0 --seconds 12 --window 2
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pdlab.hardware import machine_type
-from pdlab.serve.cpucost import machine_cpu_seconds
+from pdlab.serve.measure.cpucost import machine_cpu_seconds
 
 __all__ = ["BAND_SPREAD", "BUSY_LIMIT", "kernels", "KernelWindows", "HostCheck", "measure_host", "between_checks", "host_lines"]
 
@@ -176,7 +176,7 @@ def measure_host(core: int, seconds: float = 12.0, window_s: float = 2.0) -> Hos
     not use or too short a check, RuntimeError when the child fails (with its output)."""
     _check_args(core, seconds, window_s)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "pdlab.serve.hostcheck", "--core", str(core), "--seconds", f"{seconds:g}",
+    argv = [sys.executable, "-m", "pdlab.serve.measure.hostcheck", "--core", str(core), "--seconds", f"{seconds:g}",
             "--window", f"{window_s:g}", "--json"]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=seconds + 120)

@@ -44,7 +44,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pdlab.serve.evidence import MetricsSnapshot, scrape_metrics
+from pdlab.serve.measure.evidence import MetricsSnapshot, scrape_metrics
 
 __all__ = ["DISAGG_PARTS", "COLOCATED_PARTS", "TTFTBreakdown", "combine_breakdowns", "EngineTimes", "engine_times",
            "disaggregated_breakdown", "colocated_breakdown", "mean_breakdown", "probe_breakdowns",
@@ -271,7 +271,7 @@ def streamed_ttft(url: str, model: str, prompt_token_ids: Sequence[int], max_tok
     """
     from aiohttp import ClientSession
 
-    from pdlab.serve.streaming import run_sync, stream_request
+    from pdlab.serve.client.streaming import run_sync, stream_request
 
     body = {"model": model, "prompt": list(prompt_token_ids), "max_tokens": max_tokens, "ignore_eos": True,
             "temperature": 0.0}

@@ -41,7 +41,7 @@ def validate_request(kind: str, body: Any) -> dict[str, Any]:
     >>> validate_request("chat", {"messages": "hi"})
     Traceback (most recent call last):
     ...
-    pdlab.serve.plumbing.BadRequest: 'messages' must be a non-empty list of objects
+    pdlab.serve.proxy.plumbing.BadRequest: 'messages' must be a non-empty list of objects
     """
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")

@@ -12,10 +12,10 @@ For each OpenAI request (``/v1/completions``, ``/v1/chat/completions``):
 
 This is the protocol of vLLM's ``toy_proxy_server.py`` (examples/online_serving/disaggregated_serving,
 vLLM 0.8+). Errors: a malformed request → 400 before any backend is touched; a backend's 4xx is
-passed through, any other non-200 answer becomes 502 (:func:`pdlab.serve.plumbing.backend_status`);
+passed through, any other non-200 answer becomes 502 (:func:`pdlab.serve.proxy.plumbing.backend_status`);
 a backend that is down or dies → 502/504 within the configured time limits, and a stream cut
 mid-way ends with an SSE ``error`` event (never a hang). Every answer carries ``X-Request-Id``.
-The HTTP parts shared with the router are in :mod:`pdlab.serve.plumbing`.
+The HTTP parts shared with the router are in :mod:`pdlab.serve.proxy.plumbing`.
 
 Run: ``python -m pdlab.serve.proxy --port 8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200``.
 """
@@ -37,8 +37,8 @@ from typing import Any
 
 from aiohttp import ClientError, ClientTimeout, web
 
-from pdlab.serve.admission import PrefillModel, TTFTAdmission
-from pdlab.serve.plumbing import (
+from pdlab.serve.proxy.admission import PrefillModel, TTFTAdmission
+from pdlab.serve.proxy.plumbing import (
     backend_error_response,
     client_session,
     error_response,
@@ -68,7 +68,7 @@ class ProxyConfig:
     read_timeout_s: float = 60.0  # longest silence allowed between chunks from decode
     max_timings: int = 10_000
     #: Early rejection (off when None): a latency profile whose prefill coefficients predict TTFT
-    #: (:mod:`pdlab.serve.admission`), the TTFT SLO, the hand-off time added to every prediction,
+    #: (:mod:`pdlab.serve.proxy.admission`), the TTFT SLO, the hand-off time added to every prediction,
     #: and the tokenizer folder that counts a text prompt's tokens.
     admission_profile: str | None = None
     ttft_slo_s: float | None = None
@@ -283,7 +283,7 @@ class PDProxy:
 
         Refused here, with nothing sent to an engine: a request that cannot fit the context (400;
         an unknown model is the engines' 404, passed on), and — with admission on — a request whose predicted TTFT misses the
-        SLO (503 with ``Retry-After``, :mod:`pdlab.serve.admission`).
+        SLO (503 with ``Retry-After``, :mod:`pdlab.serve.proxy.admission`).
         """
         request_id = request.headers.get("X-Request-Id") or str(uuid.uuid4())
         reply = {"X-Request-Id": request_id}
