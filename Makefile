@@ -28,7 +28,7 @@ test-browser: setup  ## JupyterLab in headless Chromium: run notebook 02 and dri
 
 lab: setup  ## open JupyterLab on the course with the project's kernel
 	$(VENV)/bin/pdlab course kernel
-	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --ServerApp.root_dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --ServerApp.root_dir=. --MappingKernelManager.transport_encryption=required $(if $(filter 0,$(shell id -u)),--allow-root)
 
 notebooks: setup  ## regenerate notebooks/ and labs/ (student copies) from solutions/
 	$(VENV)/bin/pdlab course build

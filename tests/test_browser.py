@@ -21,6 +21,7 @@ import time
 import urllib.request
 
 import pytest
+from pdlab.course import KERNEL_ENCRYPTION
 from pdlab.models import get_model, kv_bytes_per_token
 from pdlab.paths import build_dir, repo_root
 from pdlab.process import free_port
@@ -54,6 +55,7 @@ def jupyterlab(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
+         f"--MappingKernelManager.transport_encryption={KERNEL_ENCRYPTION}",
          "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:

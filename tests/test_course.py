@@ -118,3 +118,24 @@ def test_course_run_out_gives_each_run_its_own_folder(tmp_path, monkeypatch):
     assert seen["out_dir"] == tmp_path / "run1" and seen["only"] == "x"
     assert main(["course", "run", "--only", "x", "--no-html"]) == 0
     assert seen["out_dir"] is None   # the default: build/
+
+
+@pytest.mark.parametrize("policy", ["required", "disabled"])
+def test_course_kernels_run_encrypted(tmp_path, capfd, monkeypatch, policy):
+    """run_notebook starts its kernel with manager-provisioned CurveZMQ keys: the kernel's own connection
+    info holds them and ipykernel does not warn about plain TCP. With the policy disabled (the control),
+    the same run has no keys and does warn, so the check can fail."""
+    from pdlab.course import run as run_module
+
+    monkeypatch.setattr(run_module, "KERNEL_ENCRYPTION", policy)
+    probe = nbformat.v4.new_code_cell(
+        "from ipykernel.connect import get_connection_info\n"
+        "print('curve keys:', 'curve_secretkey' in get_connection_info(unpack=True))")
+    path = tmp_path / "probe.ipynb"
+    nbformat.write(_nb(probe), path)
+    res = course.run_notebook(path, tmp_path / "out.ipynb", profile="ci")
+    assert res.status == "ok", res.error
+    printed = "".join(o.get("text", "") for o in nbformat.read(res.output, as_version=4).cells[-1].outputs)
+    warned = "without encryption" in capfd.readouterr().err
+    encrypted = policy == "required"
+    assert f"curve keys: {encrypted}" in printed and warned is not encrypted

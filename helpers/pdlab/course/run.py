@@ -19,20 +19,41 @@ from pdlab.course.export import export
 from pdlab.course.generate import KERNEL_NAME, cell_tags, solution_notebooks, student_notebooks
 from pdlab.paths import build_dir, repo_root
 
-__all__ = ["RunResult", "ensure_kernel", "run_notebook", "run_course", "write_index", "format_table"]
+__all__ = ["KERNEL_ENCRYPTION", "RunResult", "ensure_kernel", "kernel_config", "run_notebook", "run_course",
+           "write_index", "format_table"]
+
+#: jupyter_client's transport-encryption policy for the kernels the course starts: the kernel manager
+#: provisions CurveZMQ keys, so code and outputs between papermill (or JupyterLab) and the kernel are
+#: encrypted, and ipykernel does not warn "Kernel is running over TCP without encryption". ``required``
+#: fails the start instead of falling back to plain TCP.
+KERNEL_ENCRYPTION = "required"
 
 
 def ensure_kernel() -> str:
-    """Register the ``pdlab`` kernel in this environment if it is missing; return its name."""
+    """Register the ``pdlab`` kernel in this environment if it is missing, or if its kernel spec does not
+    declare CurveZMQ support (``metadata.supported_encryption``, which ipykernel 7.4 writes); return its
+    name."""
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
     try:
-        KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+        current = "curve" in (spec.metadata or {}).get("supported_encryption", [])
     except NoSuchKernel:
+        current = False
+    if not current:
         from ipykernel.kernelspec import install
 
         install(kernel_name=KERNEL_NAME, display_name="Python (pdlab course)", prefix=os.sys.prefix)
     return KERNEL_NAME
+
+
+def kernel_config():
+    """The traitlets config that makes a kernel manager start its kernels with CurveZMQ encryption
+    (:data:`KERNEL_ENCRYPTION`), given to papermill's client. ``make lab`` sets the same policy on
+    JupyterLab's kernels (``--MappingKernelManager.transport_encryption``)."""
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport_encryption": KERNEL_ENCRYPTION}})
 
 
 @dataclass
@@ -88,7 +109,7 @@ def run_notebook(path: Path, output: Path, *, profile: str = "ci", student: bool
     try:
         pm.execute_notebook(str(path), str(output), parameters=params, kernel_name=KERNEL_NAME, language="python",
                             execution_timeout=timeout_s, cwd=str(path.parent), progress_bar=False,
-                            log_output=False, report_mode=False)
+                            log_output=False, report_mode=False, config=kernel_config())
         if student:
             ok, expected, error = _expected_failures_only(nbformat.read(output, as_version=4))
             status = "ok" if ok else "failed"
