@@ -222,7 +222,6 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
     add(nb04.check_tpot, (rec,), (rec.finish_s - rec.first_token_s) / (rec.output_tokens - 1),
         {"n instead of n − 1": (rec.finish_s - rec.first_token_s) / rec.output_tokens,
          "E2E over n": (rec.finish_s - rec.arrival_s) / rec.output_tokens})
-    slo = SLO(ttft_s=0.3, tpot_s=0.06)
     meets = [r for r in recs if r.ok and r.ttft_s <= 0.3 and (r.tpot_s or 0) <= 0.06]
     ttft_only = [r for r in recs if r.ok and r.ttft_s <= 0.3]
     assert 0 < len(meets) < len(ttft_only), "battery records must separate the two SLOs"

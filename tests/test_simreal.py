@@ -24,7 +24,7 @@ from pdlab.simreal.calibration import (
     load_calibration,
     save_calibration,
 )
-from pdlab.simreal.compare import ERROR_COLUMNS, compare_runs, error_table, offered_prefill_load
+from pdlab.simreal.compare import ERROR_COLUMNS, compare_runs, error_table
 from pdlab.simreal.fit import fit_handoff, fit_profile, fit_row
 from pdlab.simreal.replay import build_sim, replay, requests_from_records
 from pdlab.simreal.runfit import decode_steps_vs_model
@@ -372,33 +372,6 @@ def test_error_table_orders_columns():
 
 
 # ------------------------------------------------------------------ lab 05 checks
-def test_lab05_checks_pass_fail_and_not_attempted(monkeypatch):
-    from pdlab.exercises import FAILED, NOT_ATTEMPTED, PASSED
-    from pdlab.exercises.lab05 import check_attainment_diff, check_max_decode_batch, max_decode_batch
-
-    monkeypatch.delenv("PDLAB_STRICT_CHECKS", raising=False)
-    a, b, c = TRUE.decode
-    budget = a + 20 * (b * 400 + c) + 1e-6  # a batch of 20 just fits
-    assert max_decode_batch(TRUE, 400, budget) == 20
-    assert max_decode_batch(TRUE, 400, a) == 0  # not even one request fits
-    assert check_max_decode_batch(20, TRUE, 400, budget).status == PASSED
-    assert check_max_decode_batch(21, TRUE, 400, budget).status == FAILED
-    assert check_max_decode_batch(None, TRUE, 400, budget).status == NOT_ATTEMPTED
-    flat = dataclasses.replace(TRUE, decode=(a, 0.0, 0.0))
-    with pytest.raises(ValueError, match="does not grow with the batch"):
-        max_decode_batch(flat, 400, budget)
-    live = [_rec(i, 0.1 * (i + 1), 0.01) for i in range(4)]
-    sim = [_rec(i, 0.05, 0.01) for i in range(4)]
-    slo = SLO(ttft_s=0.25)
-    assert check_attainment_diff(50.0, live, sim, slo).status == PASSED
-    assert check_attainment_diff(0.5, live, sim, slo).status == FAILED
-    assert check_attainment_diff("x", live, sim, slo).status == FAILED
-    assert check_attainment_diff(None, live, sim, slo).status == NOT_ATTEMPTED
-    monkeypatch.setenv("PDLAB_STRICT_CHECKS", "1")
-    with pytest.raises(AssertionError):
-        check_attainment_diff(0.5, live, sim, slo)
-
-
 def test_decode_steps_vs_model_is_one_where_the_steps_follow_the_fit():
     """Two streams whose token gaps are exactly the fitted step of the batch at that moment give a
     ratio of 1; gaps while a third request waits for its first token are not quiet."""

@@ -18,7 +18,14 @@ Apart: :mod:`~pdlab.simreal.steps`, :mod:`~pdlab.simreal.gpu_profile` and
 """
 
 from pdlab.simreal.calibration import Calibration, StepPoint, load_calibration, save_calibration
-from pdlab.simreal.compare import HeldOut, HostFloor, compare_runs, error_table, heldout_validation, host_floor
+from pdlab.simreal.compare import (
+           HeldOut,
+           HostFloor,
+           compare_runs,
+           error_table,
+           heldout_validation,
+           host_floor,
+)
 from pdlab.simreal.fit import fit_profile
 from pdlab.simreal.replay import replay, requests_from_records
 from pdlab.simreal.runfit import fit_on_run

@@ -27,7 +27,7 @@ from pdlab.simreal.calibration import Calibration
 from pdlab.simreal.replay import replay, replay_pairs, requests_from_records
 from pdlab.workloads import Request
 
-__all__ = ["ERROR_COLUMNS", "compare_runs", "paired_error", "error_table", "offered_prefill_load", "rate_for_load",
+__all__ = ["ERROR_COLUMNS", "compare_runs", "paired_error", "error_table", "rate_for_load",
            "median_error", "HeldOut", "heldout_validation", "HostFloor", "host_floor", "perfect_model_chance"]
 
 
@@ -90,27 +90,11 @@ def error_table(rows: Sequence[Mapping[str, Any]]):
     return df[cols]
 
 
-def offered_prefill_load(requests: Sequence[Request], latency: FittedLatency) -> float:
-    """Utilisation the prompts alone ask of one server: Σ isolated prefill times / arrival span.
-
-    Near 1 the queue (and so TTFT) is extremely sensitive to the server's speed: a few percent of
-    unmodelled slowdown becomes a large TTFT error. Raises ValueError for fewer than 2 requests.
-    """
-    if len(requests) < 2:
-        raise ValueError(f"need >= 2 requests to define an arrival span, got {len(requests)}")
-    arrivals = [r.arrival_s for r in requests]
-    span = max(arrivals) - min(arrivals)
-    if span <= 0:
-        raise ValueError("all requests arrive at once: no arrival span")
-    n = len(requests)
-    return sum(latency.prefill_time_s([r.prompt_tokens]) for r in requests) * (n - 1) / n / span
-
-
 def rate_for_load(requests: Sequence[Request], latency: FittedLatency, load: float) -> float:
     """Arrival rate (req/s) at which ``requests``' prompts offer ``load`` to one server with
     ``latency``: ``load`` ÷ their mean isolated prefill time (s). Rates set this way put a fast and
     a slow machine, or a CPU and a GPU, at the same point of their queueing curve
-    (:func:`offered_prefill_load` of the run comes out near ``load``). Raises ValueError for no
+    (the run's offered prefill load comes out near ``load``). Raises ValueError for no
     requests or a load outside (0, 1)."""
     if not requests:
         raise ValueError("rate_for_load needs at least one request")
