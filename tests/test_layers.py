@@ -174,6 +174,70 @@ def test_circle_finder_finds_a_circle():
     assert _subpackage("pdlab.serve.probes") == _subpackage("pdlab.serve") == "pdlab.serve"
 
 
+#: Packages whose ``__init__`` is a module in its own right, not a front file: the check helpers every
+#: exercise module uses, and the ``pdlab`` command.
+OWN_CODE_IN_INIT = {"pdlab.exercises", "pdlab.cli"}
+#: Names a front file re-exports from outside its package: ``pdlab.serve`` carries the process hygiene
+#: of :mod:`pdlab.process` beside the launchers (the labs import both from one place).
+FOREIGN_REEXPORTS = {"pdlab.serve": {"PortInUseError", "ServerStartError", "free_port", "live_processes", "stop_all"}}
+
+
+def _submodule_names(package: str) -> set[str]:
+    """The ``__all__`` of every module and subpackage directly inside ``package`` (read, not imported)."""
+    folder = PKG.parent / Path(*package.split("."))
+    names: set[str] = set()
+    for path in sorted(folder.glob("*.py")) + sorted(folder.glob("*/__init__.py")):
+        if path.name in ("__init__.py", "__main__.py") and path.parent == folder:
+            continue
+        names |= _declared_all(path)
+    return names
+
+
+def _declared_all(path: Path) -> set[str]:
+    """The literal names of a module's ``__all__``, the ``*other.__all__`` parts followed to ``other``'s file."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases = {a.asname: a.name for node in tree.body if isinstance(node, ast.ImportFrom) for a in node.names if a.asname}
+    names: set[str] = set()
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if not (isinstance(target, ast.Name) and target.id == "__all__") or node.value is None:
+            continue
+        for elt in getattr(node.value, "elts", []):
+            if isinstance(elt, ast.Constant):
+                names.add(elt.value)
+            elif isinstance(elt, ast.Starred) and isinstance(elt.value, ast.Attribute):
+                sub = aliases.get(elt.value.value.id, elt.value.value.id)
+                other = path.parent / f"{sub}.py"
+                names |= _declared_all(other if other.exists() else path.parent / sub / "__init__.py")
+    return names
+
+
+def test_every_front_file_re_exports_its_submodules_names():
+    """Each package's ``__init__`` is a front file: a non-empty ``__all__`` made of its own modules' public names."""
+    problems = []
+    for init in sorted(PKG.rglob("__init__.py")):
+        package = _module_name(init)
+        if package == "pdlab" or package in OWN_CODE_IN_INIT:
+            continue
+        exported = _declared_all(init)
+        if not exported:
+            problems.append(f"{package}: __all__ is empty; re-export the submodules' public names")
+            continue
+        foreign = exported - _submodule_names(package) - FOREIGN_REEXPORTS.get(package, set())
+        if foreign:
+            problems.append(f"{package} exports names none of its modules declares: {sorted(foreign)}")
+    assert not problems, "\n".join(problems)
+
+
+def test_front_file_reader(tmp_path):
+    assert "Simulator" in _declared_all(PKG / "sim" / "__init__.py")
+    assert {"run_bench", "VLLMServer", "measure_cpu"} <= _declared_all(PKG / "serve" / "__init__.py")  # followed
+    assert "PlannerRun" in _submodule_names("pdlab.peers")
+    empty = tmp_path / "front.py"
+    empty.write_text("from x import y\n__all__: list[str] = []\n")
+    assert _declared_all(empty) == set()
+
+
 def test_transfer_imports_nothing_from_serve():
     """The transfer measurements (layer 2) use the foundation's process supervisor, never the serving layer."""
     offenders = [f"{_module_name(path)} imports {dep}"
