@@ -14,7 +14,7 @@ The stages, one module each, in the order a reader follows them:
 
 Apart: :mod:`~pdlab.simreal.steps`, :mod:`~pdlab.simreal.gpu_profile` and
 :mod:`~pdlab.simreal.gpu_profile_files` measure and fit step times on a GPU (notebooks 01, 03);
-:mod:`~pdlab.simreal.aic_compare` compares with NVIDIA AIConfigurator.
+the comparison with NVIDIA AIConfigurator is :mod:`pdlab.peers.aic_compare`.
 """
 
 from pdlab.simreal.calibration import Calibration, StepPoint, load_calibration, save_calibration
