@@ -1,10 +1,12 @@
-"""The TTFT admission policy of the P/D proxy (pdlab.serve.proxy.admission), with a fake clock."""
+"""The TTFT admission policy (pdlab.sched.admission, the proxy's and the simulator's), with a fake clock."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+from pdlab.sched.admission import EngineState, simulate_admission
 from pdlab.serve.proxy.admission import PrefillModel, TTFTAdmission, replay_admission
 
 MODEL = PrefillModel(0.010, 0.001)  # 10 ms + 1 ms per token
@@ -102,3 +104,170 @@ def test_headroom_admits_only_below_a_share_of_the_slo():
     assert replay_admission([0.0], [290], MODEL, 0.5, headroom=0.5) == [False]
     with pytest.raises(ValueError, match="headroom"):
         TTFTAdmission(MODEL, ttft_slo_s=0.5, headroom=0.0)
+
+
+# ---------------------------------------------------------------- the engines' own state
+def _state(at, waiting=0, running=0, usage=0.0, kv_tokens=None):
+    return EngineState(at, waiting, running, usage, kv_tokens)
+
+
+def test_the_engines_queue_counts_what_the_bookkeeping_does_not_see():
+    clock = Clock()
+    reading = [_state(100.0, waiting=4, running=1)]
+    policy = TTFTAdmission(MODEL, ttft_slo_s=0.5, clock=clock, learn=0.0, engine_state=lambda: reading[0])
+    verdict = policy.decide(140)  # 5 requests queued on the engine × 0.15 s (the arriving prompt's own time)
+    assert not verdict.admit and verdict.source == "engine" and verdict.wait_s == pytest.approx(0.75)
+    reading[0] = _state(99.9)  # the engine was empty; a leg sent since counts on top of its reading
+    policy.start("a", 140)
+    clock.t += 0.01
+    verdict = policy.decide(140)  # engine: 0 + 1 leg × 0.15 s; bookkeeping: 0.15 − 0.01 s
+    assert verdict.admit and verdict.source == "engine" and verdict.wait_s == pytest.approx(0.15)
+    policy.done("a")
+    verdict = policy.decide(140)  # the leg came back after the reading too: nothing queued
+    assert verdict.wait_s == 0
+
+
+def test_decode_kv_headroom_refuses_what_decode_could_not_hold():
+    clock = Clock()
+    policy = TTFTAdmission(MODEL, ttft_slo_s=5.0, clock=clock, kv_limit=0.9,
+                           engine_state=lambda: _state(100.0, usage=0.80, kv_tokens=10_000))
+    assert policy.decide(400, output_tokens=500).admit              # 0.80 + 0.09 ≤ 0.9
+    verdict = policy.decide(400, output_tokens=700)                 # 0.80 + 0.11 > 0.9
+    assert not verdict.admit and verdict.reason == "decode_kv" and verdict.retry_after_s == 1
+
+
+def test_a_stale_or_failing_reading_falls_back_to_the_bookkeeping_with_a_warning(caplog):
+    clock = Clock()
+
+    def broken():
+        raise OSError("connection refused")
+
+    for source in (broken, lambda: None, lambda: _state(90.0, waiting=50)):  # failing, none yet, 10 s old
+        policy = TTFTAdmission(MODEL, ttft_slo_s=0.5, clock=clock, engine_state=source, max_state_age_s=1.0)
+        with caplog.at_level("WARNING", logger="pdlab.sched.admission"):
+            caplog.clear()
+            verdict = policy.decide(140)
+        assert verdict.admit and verdict.source == "bookkeeping" and policy.state_fallbacks == 1
+        assert "falls back to the proxy's bookkeeping" in caplog.text
+
+
+def test_the_simulator_and_the_proxy_decide_alike_on_the_same_arrivals(tmp_path):
+    """One arrival pattern through the simulator and through the live proxy's decision path (its
+    ``admit``), with the same engine-state readings and leg returns: the same decisions."""
+    from aiohttp.test_utils import make_mocked_request
+    from pdlab.serve.proxy import ProxyConfig
+    from pdlab.serve.proxy.server import PDProxy, ProxyState
+
+    rng = np.random.default_rng(3)
+    arrivals = np.cumsum(rng.exponential(0.08, 120)).tolist()  # ~12 req/s into a ~0.1-0.4 s prefill
+    tokens = rng.integers(50, 300, 120).tolist()
+    sim = simulate_admission(arrivals, tokens, MODEL, 0.8, true_slowdown=1.8, handoff_s=0.02, poll_s=0.25)
+    flags = sim.admitted()
+    assert 0 < sum(flags) < len(flags), "the pattern must both admit and refuse to test anything"
+    assert {d.source for d in sim.decisions} == {"engine", "bookkeeping"}
+    admitted_ttft = [t for t, ok in zip(sim.ttft_s, flags, strict=True) if ok]
+    assert np.percentile(admitted_ttft, 90) <= 0.8 * 1.25  # the engine's queue keeps the simulated TTFT near the SLO
+
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"prefill": [MODEL.a_s, MODEL.b_s_per_token, 0.0]}))
+    state = ProxyState(ProxyConfig(["http://p"], ["http://d"], admission_profile=str(profile), ttft_slo_s=0.8,
+                                   handoff_s=0.02))
+    now, current = [0.0], [None]
+    state.admission.clock, state.admission.engine_state = (lambda: now[0]), (lambda: current[0])
+    proxy = PDProxy(state.config, state)
+    live = []
+    for kind, t, i in sim.events:
+        now[0] = t
+        if kind == "done":
+            state.admission.done(str(i))  # what PDProxy.handle does when a prefill leg returns
+            continue
+        current[0] = sim.states[i]
+        request = make_mocked_request("POST", "/v1/completions", headers={"X-Request-Id": str(i)})
+        job = proxy.admit(request, {"model": "m", "prompt": [7] * tokens[i], "max_tokens": 0}, t)
+        live.append(getattr(job, "status", 200) != 503)
+    assert live == flags
+    bookkeeping_only = simulate_admission(arrivals, tokens, MODEL, 0.8, true_slowdown=1.8, handoff_s=0.02, poll_s=None)
+    assert bookkeeping_only.admitted() != flags  # the engine state changes decisions on this pattern
+
+
+def test_simulator_bad_inputs_name_the_problem():
+    with pytest.raises(ValueError, match="true_slowdown"):
+        simulate_admission([0.0], [1], MODEL, 1.0, true_slowdown=0.0)
+    with pytest.raises(ValueError, match="poll_s"):
+        simulate_admission([0.0], [1], MODEL, 1.0, poll_s=0.0)
+    with pytest.raises(ValueError, match="KV-cache usage"):
+        _state(0.0, usage=1.5)
+
+
+# ---------------------------------------------------------------- live /metrics: good, down, slow, malformed
+_GOOD = ("vllm:num_requests_waiting{model_name=\"m\"} 3.0\nvllm:num_requests_running{model_name=\"m\"} 1.0\n"
+         "vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n"
+         "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"512\"} 1.0\n")
+
+
+@pytest.fixture
+def metrics_server():
+    """A real HTTP server on 127.0.0.1 whose ``/metrics`` answers as ``mode[0]`` says."""
+    import http.server
+    import threading
+    import time as _time
+
+    mode = ["good"]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 — http.server's name
+            if mode[0] == "slow":
+                _time.sleep(1.0)
+            body = (_GOOD if mode[0] != "garbage" else "vllm:num_requests_waiting{{{ not prometheus\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", mode
+    server.shutdown()
+    server.server_close()
+
+
+def _free_port_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens there
+
+
+def test_metrics_poller_reads_vllm_names_and_a_bad_endpoint_never_blocks_a_decision(metrics_server, caplog):
+    import time as _time
+
+    from pdlab.serve.proxy.admission import MetricsPoller
+
+    url, mode = metrics_server
+    clock = Clock()
+    poller = MetricsPoller(url, url, timeout_s=0.3, clock=clock)
+    state = poller.poll()
+    assert state == EngineState(100.0, 3, 1, 0.25, 16 * 512)
+    policy = TTFTAdmission(MODEL, ttft_slo_s=0.5, clock=clock, learn=0.0, engine_state=poller, max_state_age_s=1.0)
+    assert policy.decide(140).source == "engine"  # 4 queued × 0.15 s: refused
+    for bad, where in (("slow", url), ("garbage", url), ("good", _free_port_url())):
+        mode[0] = bad
+        bad_poller = MetricsPoller(where, where, timeout_s=0.3, clock=clock)
+        with caplog.at_level("WARNING"):
+            caplog.clear()
+            assert bad_poller.poll() is None and bad_poller.failures == 1
+        assert "unreadable" in caplog.text, bad
+        clock.t += 5.0  # the good reading ages out; the bad scrape left nothing newer
+        policy.engine_state = bad_poller.start()
+        t0 = _time.monotonic()
+        with caplog.at_level("WARNING"):
+            verdict = policy.decide(140)
+        took = _time.monotonic() - t0
+        bad_poller.stop()
+        assert verdict.admit and verdict.source == "bookkeeping" and took < 0.05, (bad, took)
+    assert policy.state_fallbacks == 3

@@ -109,3 +109,21 @@ async def test_admission_is_off_by_default():
         await client.close()
         for s in servers:
             await s.close()
+
+
+@sync
+async def test_engine_metrics_that_are_missing_leave_the_proxy_on_its_bookkeeping(tmp_path):
+    """The backends here have no /metrics (404): admission reads nothing, warns, and still admits."""
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"prefill": [0.0, 0.001, 0.0]}))
+    hits: list[str] = []
+    client, servers = await _pair(hits, admission_profile=str(profile), ttft_slo_s=0.5, engine_metrics=True)
+    try:
+        resp = await client.post("/v1/completions", json={"model": "m", "prompt": [5] * 100, "max_tokens": 2})
+        state = await (await client.get("/proxy/admission")).json()
+        assert resp.status == 200 and hits == ["prefill", "decode"]
+        assert state["engine_state"] and state["state_fallbacks"] == 1 and state["admitted"] == 1
+    finally:
+        await client.close()
+        for s in servers:
+            await s.close()

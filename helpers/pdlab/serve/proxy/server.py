@@ -37,7 +37,7 @@ from typing import Any
 
 from aiohttp import ClientError, ClientTimeout, web
 
-from pdlab.serve.proxy.admission import PrefillModel, TTFTAdmission
+from pdlab.serve.proxy.admission import MetricsPoller, PrefillModel, TTFTAdmission
 from pdlab.serve.proxy.plumbing import (
     backend_error_response,
     client_session,
@@ -76,6 +76,11 @@ class ProxyConfig:
     tokenizer: str | None = None
     admission_learn: float = 0.2  # EWMA weight of the measured/predicted prefill-leg ratio (0: off)
     admission_headroom: float = 1.0  # admit when the predicted TTFT ≤ headroom × the SLO
+    #: With admission on: also read the first prefill and decode engines' vLLM ``/metrics`` (their queue
+    #: and the decode KV headroom, :class:`~pdlab.serve.proxy.admission.MetricsPoller`), refusing what
+    #: would take decode's KV usage above ``admission_kv_limit`` (0–1).
+    engine_metrics: bool = False
+    admission_kv_limit: float = 0.95
 
     def __post_init__(self) -> None:
         if not self.prefill_urls or not self.decode_urls:
@@ -112,6 +117,7 @@ class ProxyState:
     timings: deque[dict[str, Any]] = field(init=False)
     limits: BackendLimits | None = None
     admission: TTFTAdmission | None = field(init=False, default=None)
+    poller: MetricsPoller | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.timings = deque(maxlen=self.config.max_timings)
@@ -122,7 +128,10 @@ class ProxyState:
         if cfg.admission_profile is not None:
             self.admission = TTFTAdmission(PrefillModel.from_profile(cfg.admission_profile), cfg.ttft_slo_s,
                                            cfg.handoff_s, learn=cfg.admission_learn,
-                                           headroom=cfg.admission_headroom)
+                                           headroom=cfg.admission_headroom, kv_limit=cfg.admission_kv_limit)
+            if cfg.engine_metrics:
+                self.poller = MetricsPoller(cfg.prefill_urls[0], cfg.decode_urls[0]).start()
+                self.admission.engine_state = self.poller
             if cfg.tokenizer is not None:
                 from transformers import AutoTokenizer
 
@@ -255,6 +264,8 @@ class PDProxy:
         app.router.add_get("/proxy/stats", self.stats)
         app.router.add_get("/proxy/timings", self.timings)
         app.router.add_get("/proxy/admission", self.admission_state)
+        if (poller := self.state.poller) is not None:
+            app.on_cleanup.append(lambda _app: asyncio.to_thread(poller.stop))
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -298,13 +309,14 @@ class PDProxy:
             except ValueError as exc:
                 stats["client_errors"] += 1
                 return error_response(400, str(exc), "invalid_request_error", reply)
-            verdict = policy.decide(tokens)
+            verdict = policy.decide(tokens, int(body.get("max_tokens") or body.get("max_completion_tokens") or 0))
             if not verdict.admit:
                 stats["rejected"] += 1
-                return error_response(
-                    503, f"rejected on arrival: predicted TTFT {verdict.predicted_ttft_s:.3f} s (queue "
-                    f"{verdict.wait_s:.3f} s + prefill of {tokens} tokens) exceeds the target of {policy.target_s:g} s "
-                    f"({policy.headroom:g} × the {policy.ttft_slo_s:g} s SLO)",
+                why = (f"the decode engine's KV cache has no room for {tokens} prompt tokens and their output"
+                       if verdict.reason == "decode_kv" else f"predicted TTFT {verdict.predicted_ttft_s:.3f} s (queue "
+                       f"{verdict.wait_s:.3f} s + prefill of {tokens} tokens) exceeds the target of {policy.target_s:g} s "
+                       f"({policy.headroom:g} × the {policy.ttft_slo_s:g} s SLO)")
+                return error_response(503, f"rejected on arrival: {why}",
                     "overloaded", {**reply, "Retry-After": str(verdict.retry_after_s)})
             policy.start(request_id, tokens)
         p_url, d_url = self.state.next_pair()
@@ -419,13 +431,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="EWMA weight of the measured ÷ predicted prefill time (0: the fitted model as is)")
     parser.add_argument("--admission-headroom", type=float, default=1.0,
                         help="admit when the predicted TTFT ≤ headroom × --ttft-slo (0 < headroom ≤ 1)")
+    parser.add_argument("--engine-metrics", action="store_true",
+                        help="admission also reads the engines' vLLM /metrics (queue, decode KV headroom)")
+    parser.add_argument("--admission-kv-limit", type=float, default=0.95,
+                        help="refuse what would take decode's KV-cache usage above this share (with --engine-metrics)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ProxyConfig([u.rstrip("/") for u in args.prefill], [u.rstrip("/") for u in args.decode],
                          connect_timeout_s=args.connect_timeout, prefill_timeout_s=args.prefill_timeout,
                          read_timeout_s=args.read_timeout, admission_profile=args.admission_profile,
                          ttft_slo_s=args.ttft_slo, handoff_s=args.handoff, tokenizer=args.tokenizer,
-                         admission_learn=args.admission_learn, admission_headroom=args.admission_headroom)
+                         admission_learn=args.admission_learn, admission_headroom=args.admission_headroom,
+                         engine_metrics=args.engine_metrics, admission_kv_limit=args.admission_kv_limit)
     web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
                 print=lambda msg: print(msg, flush=True))
 

@@ -1,0 +1,350 @@
+"""Early rejection at the front door: predict a request's TTFT on arrival, refuse it when it would miss.
+
+Mooncake (FAST'25 §7, arXiv 2407.00079v3) rejects a request on arrival when the prefill pool cannot
+meet its TTFT objective, instead of admitting it and failing it later. :class:`TTFTAdmission` is that
+decision as one pure object (an injected clock and an injected engine-state source): the live P/D
+proxy (:mod:`pdlab.serve.proxy.admission`, ``--admission-profile``) and the simulator
+(:func:`simulate_admission`) run the same class, so their decisions can be compared request by request.
+
+What it predicts from:
+
+- **Its own bookkeeping** of the prefill legs it sent: each admitted prompt of ``l`` tokens adds
+  ``t_p(l)`` (the fitted prefill model ``a + b·l + c·l²``, the one lab 05 calibrates) to the time the
+  prefill side is busy until; when a leg comes back the queue is reset to what is still in flight.
+- **The prefill cost under the current load**: the fit is made on an idle engine, and under load the
+  same prefill runs slower. When a leg comes back, the ratio of its measured time to the time
+  predicted at admission is averaged (EWMA, weight ``learn``) into ``slowdown``, which multiplies
+  every prefill time. ``learn=0``: the fit as is.
+- **The engines' own state** (optional, ``engine_state``): a recent :class:`EngineState` reading —
+  the prefill engine's waiting and running requests, the decode engine's KV-cache usage and size
+  (vLLM's ``/metrics``). The queue in requests is then the engine's count plus the legs this policy
+  sent, minus those that came back, since the reading: the freshest of the two accounts. The
+  predicted wait is the larger of that count × the mean in-flight prefill time and the
+  bookkeeping's own wait (the engine sees prompts the proxy's fit under-prices; the proxy sees legs
+  the engine has not received yet). A reading that is missing, failed or older than
+  ``max_state_age_s`` is ignored with a logged warning: the bookkeeping decides, nothing waits.
+- **Decode KV headroom**: with the decode engine's KV size known, a request whose prompt + output
+  tokens would take its KV usage (plus the KV of the legs still in prefill) above ``kv_limit`` is refused.
+
+Predicted TTFT = wait + slowdown·``t_p(l)`` + ``handoff_s`` (KV hand-off and first decode step).
+Above ``headroom`` × the TTFT SLO the request is refused (HTTP 503 with ``Retry-After``: whole
+seconds until the queue would admit it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["PrefillModel", "EngineState", "AdmissionDecision", "TTFTAdmission", "replay_admission",
+           "SimulatedAdmission", "simulate_admission"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrefillModel:
+    """Prefill time of one prompt alone: ``a_s + b_s_per_token·l + c_s_per_token2·l²`` (seconds)."""
+
+    a_s: float
+    b_s_per_token: float
+    c_s_per_token2: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(self.a_s, self.b_s_per_token, self.c_s_per_token2) < 0 or not all(
+                math.isfinite(v) for v in (self.a_s, self.b_s_per_token, self.c_s_per_token2)):
+            raise ValueError(f"prefill coefficients must be finite and ≥ 0, got {self}")
+
+    def time_s(self, tokens: int) -> float:
+        return self.a_s + self.b_s_per_token * tokens + self.c_s_per_token2 * tokens * tokens
+
+    @classmethod
+    def from_profile(cls, path: str | Path) -> PrefillModel:
+        """From a latency profile JSON (``pdlab.sim.latency.save_profile``: ``"prefill": [a, b, c]``)."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+            a, b, c = (float(v) for v in data["prefill"])
+        except FileNotFoundError as exc:
+            raise ValueError(f"admission profile {path} does not exist") from exc
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"admission profile {path} has no 'prefill': [a, b, c] coefficients ({exc})") from exc
+        return cls(a, b, c)
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """One reading of the engines' own state, taken at ``at_s`` (the policy's clock, seconds).
+
+    ``prefill_waiting``/``prefill_running``: requests queued and being computed on the prefill engine;
+    ``decode_kv_usage``: the decode engine's KV-cache usage (0–1); ``decode_kv_tokens``: its KV-cache
+    size in tokens (None when unknown: no KV check).
+    """
+
+    at_s: float
+    prefill_waiting: int
+    prefill_running: int
+    decode_kv_usage: float = 0.0
+    decode_kv_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefill_waiting < 0 or self.prefill_running < 0:
+            raise ValueError(f"request counts must be ≥ 0, got {self.prefill_waiting} waiting, "
+                             f"{self.prefill_running} running")
+        if not 0 <= self.decode_kv_usage <= 1:
+            raise ValueError(f"KV-cache usage must be in [0, 1], got {self.decode_kv_usage!r}")
+        if self.decode_kv_tokens is not None and self.decode_kv_tokens <= 0:
+            raise ValueError(f"KV-cache size must be a positive number of tokens, got {self.decode_kv_tokens!r}")
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    """The verdict on one arrival (seconds). ``reason``: ``""`` (admitted), ``"ttft"`` or ``"decode_kv"``;
+    ``source``: what the wait came from, ``"bookkeeping"`` or ``"engine"``."""
+
+    admit: bool
+    predicted_ttft_s: float
+    wait_s: float
+    retry_after_s: int = 0
+    reason: str = ""
+    source: str = "bookkeeping"
+
+
+@dataclass
+class TTFTAdmission:
+    """Admit a request only when its predicted TTFT meets ``ttft_slo_s`` (see the module docstring)."""
+
+    model: PrefillModel
+    ttft_slo_s: float
+    handoff_s: float = 0.0
+    clock: Callable[[], float] = time.monotonic
+    learn: float = 0.2
+    headroom: float = 1.0
+    engine_state: Callable[[], EngineState | None] | None = None
+    max_state_age_s: float = 1.0
+    kv_limit: float = 0.95
+    busy_until_s: float = field(default=float("-inf"), init=False)
+    in_flight: dict[str, int] = field(default_factory=dict, init=False)
+    slowdown: float = field(default=1.0, init=False)
+    _legs: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
+    _events: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=10_000), init=False)
+    _state_ok: bool = field(default=True, init=False)
+    admitted: int = field(default=0, init=False)
+    rejected: int = field(default=0, init=False)
+    state_fallbacks: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_slo_s > 0 and math.isfinite(self.ttft_slo_s)):
+            raise ValueError(f"TTFT SLO must be a positive number of seconds, got {self.ttft_slo_s!r}")
+        if self.handoff_s < 0:
+            raise ValueError(f"hand-off time must be ≥ 0 s, got {self.handoff_s!r}")
+        if not 0 <= self.learn <= 1:
+            raise ValueError(f"learn must be in [0, 1], got {self.learn!r}")
+        if not 0 < self.headroom <= 1:
+            raise ValueError(f"headroom must be in (0, 1], got {self.headroom!r}")
+        if not self.max_state_age_s > 0:
+            raise ValueError(f"max_state_age_s must be positive, got {self.max_state_age_s!r}")
+        if not 0 < self.kv_limit <= 1:
+            raise ValueError(f"kv_limit must be in (0, 1], got {self.kv_limit!r}")
+
+    @property
+    def target_s(self) -> float:
+        """The predicted TTFT a request may have and be admitted: ``headroom`` × the SLO (s)."""
+        return self.headroom * self.ttft_slo_s
+
+    def prefill_s(self, prompt_tokens: int) -> float:
+        """Predicted prefill time of one prompt now: the fitted model × the learned slowdown (s)."""
+        return self.slowdown * self.model.time_s(prompt_tokens)
+
+    def _reading(self, now: float) -> EngineState | None:
+        """The engine-state reading to use now, or None (no source, or a bad one: warned once per outage)."""
+        if self.engine_state is None:
+            return None
+        try:
+            state = self.engine_state()
+            problem = "no reading" if state is None else (
+                f"the last reading is {now - state.at_s:.2f} s old" if now - state.at_s > self.max_state_age_s else "")
+        except Exception as exc:  # noqa: BLE001 — any failure of the source falls back, never blocks
+            state, problem = None, f"{type(exc).__name__}: {exc}"
+        if problem:
+            self.state_fallbacks += 1
+            if self._state_ok:
+                log.warning("engine state unusable (%s): admission falls back to the proxy's bookkeeping", problem)
+            self._state_ok = False
+            return None
+        if not self._state_ok:
+            log.warning("engine state usable again: admission reads the engines' queue")
+        self._state_ok = True
+        return state
+
+    def decide(self, prompt_tokens: int, output_tokens: int = 0) -> AdmissionDecision:
+        """Predict the TTFT of a prompt arriving now; count a refusal (call :meth:`start` to admit)."""
+        now = self.clock()
+        wait, source = max(self.busy_until_s - now, 0.0), "bookkeeping"
+        state = self._reading(now)
+        if state is not None:
+            since = sum(d for t, d in self._events if t > state.at_s)
+            queued = max(state.prefill_waiting + state.prefill_running + since, 0)
+            tokens = self.in_flight.values() or [prompt_tokens]
+            engine_wait = queued * sum(self.prefill_s(t) for t in tokens) / len(tokens)
+            if engine_wait > wait:
+                wait, source = engine_wait, "engine"
+        predicted = wait + self.prefill_s(prompt_tokens) + self.handoff_s
+        if predicted > self.target_s:
+            self.rejected += 1
+            return AdmissionDecision(False, predicted, wait, max(1, math.ceil(predicted - self.target_s)),
+                                     "ttft", source)
+        if state is not None and state.decode_kv_tokens:
+            pending = sum(self.in_flight.values()) + prompt_tokens + output_tokens
+            if state.decode_kv_usage + pending / state.decode_kv_tokens > self.kv_limit:
+                self.rejected += 1
+                return AdmissionDecision(False, predicted, wait, 1, "decode_kv", source)
+        return AdmissionDecision(True, predicted, wait, source=source)
+
+    def start(self, key: str, prompt_tokens: int) -> None:
+        """An admitted request's prefill leg is sent: it joins the virtual queue."""
+        now = self.clock()
+        self.busy_until_s = max(self.busy_until_s, now) + self.prefill_s(prompt_tokens)
+        self.in_flight[key] = prompt_tokens
+        self._legs[key] = (now, self.busy_until_s - now)
+        self._events.append((now, +1))
+        self.admitted += 1
+
+    def done(self, key: str) -> None:
+        """The prefill leg came back (or failed): the queue is what is still in flight."""
+        if self.in_flight.pop(key, None) is None:
+            return
+        now = self.clock()
+        self._events.append((now, -1))
+        sent, predicted = self._legs.pop(key)
+        if self.learn > 0 and predicted > 0:
+            ratio = min(max((now - sent) / predicted, 0.25), 20.0)
+            self.slowdown = (1 - self.learn) * self.slowdown + self.learn * ratio
+        self.busy_until_s = now + sum(self.prefill_s(t) for t in self.in_flight.values())
+
+    def state(self) -> dict[str, float | int | bool]:
+        """Counters and the current predicted wait, for ``/proxy/admission``."""
+        return {"admitted": self.admitted, "rejected": self.rejected, "in_flight": len(self.in_flight),
+                "wait_s": max(self.busy_until_s - self.clock(), 0.0), "ttft_slo_s": self.ttft_slo_s,
+                "headroom": self.headroom, "handoff_s": self.handoff_s, "slowdown": self.slowdown,
+                "engine_state": self.engine_state is not None, "state_fallbacks": self.state_fallbacks}
+
+
+def _check_arrivals(arrivals_s: Sequence[float], prompt_tokens: Sequence[int]) -> None:
+    if len(arrivals_s) != len(prompt_tokens):
+        raise ValueError("one prompt length per arrival")
+    if any(b < a for a, b in zip(arrivals_s, arrivals_s[1:], strict=False)):
+        raise ValueError("arrivals must be in time order")
+
+
+def replay_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], model: PrefillModel,
+                     ttft_slo_s: float, handoff_s: float = 0.0, slowdown: float = 1.0,
+                     headroom: float = 1.0) -> list[bool]:
+    """The bookkeeping-only policy on a list of arrivals, with the queue the model predicts (no feedback).
+
+    Each prefill leg is taken to end at its predicted time, when :meth:`TTFTAdmission.done` runs;
+    every prefill time is the model's × ``slowdown`` (fixed: e.g. the one a live proxy learned).
+    Returns one admit flag per request, in order.
+    """
+    if not (slowdown > 0 and math.isfinite(slowdown)):
+        raise ValueError(f"slowdown must be a positive number, got {slowdown!r}")
+    _check_arrivals(arrivals_s, prompt_tokens)
+    now = [0.0]
+    policy = TTFTAdmission(model, ttft_slo_s, handoff_s, clock=lambda: now[0], learn=0.0, headroom=headroom)
+    policy.slowdown = slowdown
+    pending: list[tuple[float, str]] = []  # (predicted end of the prefill leg, key)
+    flags = []
+    for i, (t, tokens) in enumerate(zip(arrivals_s, prompt_tokens, strict=True)):
+        for end, key in sorted(p for p in pending if p[0] <= t):
+            now[0] = end
+            policy.done(key)
+            pending.remove((end, key))
+        now[0] = t
+        verdict = policy.decide(tokens)
+        flags.append(verdict.admit)
+        if verdict.admit:
+            policy.start(str(i), tokens)
+            pending.append((policy.busy_until_s, str(i)))
+    return flags
+
+
+@dataclass
+class SimulatedAdmission:
+    """What :func:`simulate_admission` did (seconds from the first arrival).
+
+    ``events``: the policy's inputs in order — ``("arrive", t, i)``, ``("done", t, i)`` — and
+    ``states[i]``: the :class:`EngineState` the policy read at arrival ``i`` (None: bookkeeping only),
+    so the same inputs can be replayed through another caller of the class (the live proxy's path).
+    ``decisions[i]``: the verdict; ``ttft_s[i]``: the admitted request's simulated TTFT (NaN if refused).
+    """
+
+    decisions: list[AdmissionDecision]
+    ttft_s: list[float]
+    states: list[EngineState | None]
+    events: list[tuple[str, float, int]]
+
+    def admitted(self) -> list[bool]:
+        return [d.admit for d in self.decisions]
+
+
+def simulate_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], model: PrefillModel,
+                       ttft_slo_s: float, *, true_slowdown: float = 1.0, handoff_s: float = 0.0,
+                       poll_s: float | None = 0.25, headroom: float = 1.0, learn: float = 0.2,
+                       output_tokens: Sequence[int] | None = None, decode_kv_tokens: int | None = None
+                       ) -> SimulatedAdmission:
+    """One FIFO prefill engine simulated behind :class:`TTFTAdmission` (Conductor-style early rejection).
+
+    The engine serves admitted prompts one at a time, each taking ``true_slowdown`` × the model's time
+    (the load the policy has to learn); a leg's return calls :meth:`TTFTAdmission.done`. With ``poll_s``
+    the policy reads the simulated engine's state (waiting, running), as sampled every ``poll_s``
+    seconds — the live proxy's ``/metrics`` poller; ``poll_s=None``: bookkeeping only. Decode holds
+    each admitted request's KV (prompt + output tokens) for good: with ``decode_kv_tokens`` the KV check runs.
+    """
+    _check_arrivals(arrivals_s, prompt_tokens)
+    if not (true_slowdown > 0 and math.isfinite(true_slowdown)):
+        raise ValueError(f"true_slowdown must be a positive number, got {true_slowdown!r}")
+    if poll_s is not None and not poll_s > 0:
+        raise ValueError(f"poll_s must be positive or None, got {poll_s!r}")
+    outs = list(output_tokens) if output_tokens is not None else [0] * len(arrivals_s)
+    now = [0.0]
+    ends: dict[int, float] = {}  # admitted request → end of its prefill on the simulated engine
+    starts: dict[int, float] = {}
+    kv_used = [0]
+
+    def reading() -> EngineState | None:
+        at = math.floor(now[0] / poll_s) * poll_s  # the last poll
+        waiting = sum(1 for i, s in starts.items() if s > at and arrive[i] <= at)
+        running = sum(1 for i, s in starts.items() if s <= at < ends[i])
+        usage = min(kv_used[0] / decode_kv_tokens, 1.0) if decode_kv_tokens else 0.0
+        return EngineState(at, waiting, running, usage, decode_kv_tokens)
+
+    arrive = dict(enumerate(arrivals_s))
+    policy = TTFTAdmission(model, ttft_slo_s, handoff_s, clock=lambda: now[0], learn=learn, headroom=headroom,
+                           engine_state=reading if poll_s is not None else None, max_state_age_s=(poll_s or 1.0) * 1.5)
+    decisions, ttfts, states, events = [], [], [], []
+    free_at = 0.0
+    for i, (t, tokens) in enumerate(zip(arrivals_s, prompt_tokens, strict=True)):
+        for end, j in sorted((e, j) for j, e in ends.items() if now[0] < e <= t and str(j) in policy.in_flight):
+            now[0] = end
+            events.append(("done", end, j))
+            policy.done(str(j))
+        now[0] = t
+        states.append(reading() if poll_s is not None else None)
+        events.append(("arrive", t, i))
+        verdict = policy.decide(tokens, outs[i])
+        decisions.append(verdict)
+        if verdict.admit:
+            policy.start(str(i), tokens)
+            starts[i] = max(free_at, t)
+            free_at = ends[i] = starts[i] + true_slowdown * model.time_s(tokens)
+            kv_used[0] += tokens + outs[i]
+            ttfts.append(ends[i] + handoff_s - t)
+        else:
+            ttfts.append(float("nan"))
+    return SimulatedAdmission(decisions, ttfts, states, events)
