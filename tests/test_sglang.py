@@ -29,8 +29,12 @@ def test_server_argv_per_mode_and_errors():
 
 
 def test_router_argv_pairs_prefill_urls_with_bootstrap_ports():
-    argv = router_argv(30000, [("http://a", 8998), ("http://b", None)], ["http://c"], prometheus_port=29000)
-    assert "--pd-disaggregation" in argv
+    argv = router_argv(30000, [("http://a", 8998), ("http://b", None)], ["http://c"], prometheus_port=29000,
+                       python="py")
+    assert argv[:4] == ["py", "-m", "smg", "launch"] and "--pd-disaggregation" in argv
+    assert argv[argv.index("--host") + 1] == argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert "--shutdown-grace-period-secs" not in argv
+    assert router_argv(1, [], [], shutdown_grace_s=5)[-2:] == ["--shutdown-grace-period-secs", "5"]
     i = argv.index("--prefill")
     assert argv[i:i + 5] == ["--prefill", "http://a", "8998", "--prefill", "http://b"]
     assert argv[argv.index("--decode") + 1] == "http://c" and argv[argv.index("--prometheus-port") + 1] == "29000"
@@ -117,3 +121,37 @@ def test_standin_prefill_answers_one_token_and_rejects_bad_json(tmp_path):
     with pytest.raises(ValueError, match="prefill or decode"):
         make_standin_app("router", tmp_path / "x.jsonl")
     assert json.loads((tmp_path / "p.jsonl").read_text().splitlines()[0])["role"] == "prefill"
+
+
+@pytest.mark.live
+def test_smg_routes_pd_to_stand_ins_with_one_room_per_request(tmp_path):
+    """The real smg gateway in PD mode in front of two stand-ins: each request reaches both workers with
+    the same bootstrap room and the prefill worker's bootstrap port, the client gets the decode worker's
+    tokens, smg found the bootstrap port listening, and nothing is left running afterwards."""
+    import socket
+    import urllib.request
+
+    from pdlab.process import free_port
+
+    base = free_port(count=4)
+    pd = SGLangPD(router_port=base, prefill_port=base + 1, decode_port=base + 2, bootstrap_port=base + 3,
+                  log_dir=tmp_path)
+    with pd:
+        with socket.create_connection(("127.0.0.1", pd.bootstrap_port), timeout=5):
+            pass
+        answers = []
+        for body in ({"model": "stand-in", "prompt": "hi", "max_tokens": 4},
+                     {"model": "stand-in", "prompt": "hi again", "max_tokens": 6}):
+            req = urllib.request.Request(pd.url + "/v1/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                answers.append(json.load(resp))
+    assert [a["usage"]["completion_tokens"] for a in answers] == [4, 6]   # the decode stand-in's answer
+    posts = {role: [e["body"] for e in read_wire_log(pd.wire_log(role)) if e["method"] == "POST"]
+             for role in ("prefill", "decode")}
+    assert [b["prompt"] for b in posts["prefill"]] == [b["prompt"] for b in posts["decode"]] == ["hi", "hi again"]
+    rooms = [b["bootstrap_room"] for b in posts["prefill"]]
+    assert rooms == [b["bootstrap_room"] for b in posts["decode"]] and len(set(rooms)) == 2
+    assert {b["bootstrap_port"] for b in posts["prefill"] + posts["decode"]} == {pd.bootstrap_port}
+    assert "Bootstrap port did not accept" not in (tmp_path / "router.log").read_text()
+    assert all(p.popen.poll() is not None for p in pd.processes)

@@ -230,7 +230,7 @@ COURSE_MAP: list[tuple[str, str, str]] = [
     ("08", "08_splitwise_heterogeneous_pools", "Splitwise: heterogeneous prompt/token pools, cost and power"),
     ("09", "09_when_to_disaggregate", "When disaggregation pays: the decision matrix, intra-GPU (Nexus), the orchestration layer"),
     ("lab01", "lab01_vllm_colocated_vs_disaggregated", "Live vLLM: colocated vs 1P1D with NIXL, TTFT/ITL/goodput against rate"),
-    ("lab02", "lab02_sglang_pd_disaggregation", "SGLang PD mode behind sglang-router (GPU), the router on the wire (CPU)"),
+    ("lab02", "lab02_sglang_pd_disaggregation", "SGLang PD mode behind smg (GPU), the gateway on the wire (CPU)"),
     ("lab03", "lab03_router", "A router choosing colocated or disaggregated serving per request, live and simulated"),
     ("lab04", "lab04_agentic_benchmark", "Agentic multi-turn tool-calling benchmark, colocated vs disaggregated"),
     ("lab05", "lab05_sim_to_real", "Calibrate the simulator on the live engine and measure its error"),

@@ -1,4 +1,4 @@
-"""Checks for lab 02 (SGLang PD behind sglang-router). Expected values are computed from the run."""
+"""Checks for lab 02 (SGLang PD behind smg). Expected values are computed from the run."""
 
 from __future__ import annotations
 

@@ -1,12 +1,15 @@
-"""SGLang prefill/decode disaggregation behind ``sglang-router --pd-disaggregation``.
+"""SGLang prefill/decode disaggregation behind ``smg launch --pd-disaggregation``.
 
 On a GPU box: real SGLang servers (``python -m sglang.launch_server --disaggregation-mode
 prefill|decode --disaggregation-transfer-backend mooncake|nixl ...``), one GPU each, behind the
-real router. On a machine without a GPU (or without SGLang), SGLang cannot run; the same router
+real gateway. On a machine without a GPU (or without SGLang), SGLang cannot run; the same gateway
 is put in front of clearly labelled stand-in workers (:mod:`pdlab.serve.engines.standin`) so that its
 routing and its bootstrap fields can be seen on the wire.
 
-Flags are those of SGLang 0.5 (``python/sglang/srt/server_args.py``) and sglang-router 0.3.
+The gateway is ``smg`` (Shepherd Model Gateway, PyPI ``smg`` 1.13, a Rust binary with a Python
+launcher), the successor of ``sglang-router``; its PD flags (``--pd-disaggregation``,
+``--prefill URL [BOOTSTRAP_PORT]``, ``--decode URL``, ``--policy``) are sglang-router's. Server
+flags are those of SGLang 0.5 (``python/sglang/srt/server_args.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdlab.paths import build_dir
-from pdlab.process import ManagedProcess, check_port_free, spawn, wait_http_ok
+from pdlab.process import ManagedProcess, check_port_free, free_port, spawn, wait_http_ok
 
 __all__ = [
     "sglang_status",
@@ -64,16 +67,23 @@ def sglang_server_argv(model: str, mode: str, port: int, *, transfer_backend: st
 
 def router_argv(port: int, prefill: list[tuple[str, int | None]], decode: list[str], *,
                 prometheus_port: int | None = None, policy: str = "round_robin",
-                python: str = sys.executable) -> list[str]:
-    """``python -m sglang_router.launch_router --pd-disaggregation ...`` on 127.0.0.1."""
-    argv = [python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+                shutdown_grace_s: int | None = None, python: str = sys.executable) -> list[str]:
+    """``python -m smg launch --pd-disaggregation ...``: the gateway and its metrics on 127.0.0.1.
+
+    ``prefill`` pairs each prefill URL with its KV bootstrap port (None: none); ``prometheus_port``
+    None keeps smg's default (29000); ``shutdown_grace_s`` None keeps smg's wait for in-flight
+    requests on SIGTERM (180 s)."""
+    argv = [python, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
             "--pd-disaggregation", "--policy", policy]
     for url, bport in prefill:
         argv += ["--prefill", url] + ([str(bport)] if bport is not None else [])
     for url in decode:
         argv += ["--decode", url]
+    argv += ["--prometheus-host", "127.0.0.1"]
     if prometheus_port is not None:
-        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port)]
+        argv += ["--prometheus-port", str(prometheus_port)]
+    if shutdown_grace_s is not None:
+        argv += ["--shutdown-grace-period-secs", str(shutdown_grace_s)]
     return argv
 
 
@@ -94,7 +104,9 @@ def gpu_commands(model: str, *, transfer_backend: str = "mooncake", prefill_port
 
 @dataclass
 class SGLangPD:
-    """xPyD SGLang (or stand-ins) behind ``sglang-router``; a context manager that stops everything."""
+    """xPyD SGLang (or stand-ins) behind ``smg``; a context manager that stops everything.
+
+    ``prometheus_port`` None: a free port (smg always serves metrics; its default port may be taken)."""
 
     model: str | None = None  # None → stand-in workers
     n_prefill: int = 1
@@ -155,10 +167,11 @@ class SGLangPD:
                     workers.append((proc, f"http://127.0.0.1:{port}/health"))
             for proc, health in workers:
                 wait_http_ok(proc, health, self.ready_timeout_s)
-            check_port_free(self.router_port, what="sglang-router")
+            check_port_free(self.router_port, what="smg")
             argv = router_argv(self.router_port, [(u, self.bootstrap_port + i) for i, u in enumerate(self.prefill_urls())],
-                               self.decode_urls(), prometheus_port=self.prometheus_port)
-            router = spawn("sglang-router", argv, self.log_dir / "router.log")
+                               self.decode_urls(), prometheus_port=self.prometheus_port or free_port(),
+                               shutdown_grace_s=5)
+            router = spawn("smg", argv, self.log_dir / "router.log")
             self.processes.append(router)
             wait_http_ok(router, f"{self.url}/health", 120.0)
         except BaseException:

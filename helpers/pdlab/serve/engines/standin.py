@@ -1,11 +1,15 @@
-"""A STAND-IN SGLang worker: speaks enough of SGLang's HTTP API for ``sglang-router`` to route to it.
+"""A STAND-IN SGLang worker: speaks enough of SGLang's HTTP API for ``smg`` to route to it.
 
 **It is not an inference engine.** SGLang cannot run on a CPU-only machine (its PyPI wheels pin
-CUDA builds), so lab 02 puts these stand-ins behind the *real* ``sglang-router`` in PD mode to
-show, on the wire, what the router does: it probes the workers, picks a prefill and a decode
-worker per request, adds ``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` to the request
-and sends it to *both*; the prefill worker would push the KV to the decode worker identified by
-that room, and the router returns the decode worker's answer.
+CUDA builds), so lab 02 puts these stand-ins behind the *real* ``smg`` (Shepherd Model Gateway) in
+PD mode to show, on the wire, what the gateway does: it probes the workers, picks a prefill and a
+decode worker per request, adds ``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` to the
+request and sends it to *both*; the prefill worker would push the KV to the decode worker identified
+by that room, and the gateway returns the decode worker's answer.
+
+A prefill stand-in given ``--bootstrap-port`` also listens there, as SGLang's prefill server's KV
+bootstrap service does (smg checks at registration that the port accepts connections); it answers
+``/health`` and serves no KV.
 
 Every request a stand-in receives is appended to a JSON-lines *wire log* (path, body, time).
 The decode stand-in streams ``max_tokens`` filler tokens at a fixed pace (``--token-interval``);
@@ -91,8 +95,10 @@ async def _stream_answer(request: web.Request, body: dict, n_tokens: int, native
 
 
 def make_standin_app(role: str, wire_log: str | Path, *, token_interval_s: float = 0.005,
-                     prefill_delay_s: float = 0.01, bootstrap_port: int | None = None) -> web.Application:
-    """The aiohttp app of one stand-in worker (``role``: ``prefill`` or ``decode``)."""
+                     prefill_delay_s: float = 0.01, bootstrap_port: int | None = None,
+                     bootstrap_host: str | None = None) -> web.Application:
+    """The aiohttp app of one stand-in worker (``role``: ``prefill`` or ``decode``). With ``bootstrap_host``
+    (prefill only) the app also listens on ``bootstrap_host:bootstrap_port`` while it runs."""
     if role not in ("prefill", "decode"):
         raise ValueError(f"role must be prefill or decode, got {role!r}")
     log_path = Path(wire_log)
@@ -143,7 +149,26 @@ def make_standin_app(role: str, wire_log: str | Path, *, token_interval_s: float
     app.router.add_get("/v1/models", models)
     for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
         app.router.add_post(path, generate)
+    if bootstrap_host is not None:
+        if role != "prefill" or bootstrap_port is None:
+            raise ValueError("a bootstrap listener needs role prefill and a bootstrap_port")
+        app.cleanup_ctx.append(_bootstrap_listener(bootstrap_host, bootstrap_port))
     return app
+
+
+def _bootstrap_listener(host: str, port: int):
+    """An aiohttp cleanup context: a bare listener on the KV bootstrap port for the app's lifetime."""
+
+    async def listen(app: web.Application):
+        bootstrap = web.Application()
+        bootstrap.router.add_get("/health", lambda request: web.Response(text="stand-in: no KV bootstrap"))
+        runner = web.AppRunner(bootstrap, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        yield
+        await runner.cleanup()
+
+    return listen
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -154,10 +179,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--wire-log", required=True, help="JSON-lines file of every request received")
     parser.add_argument("--token-interval", type=float, default=0.005, help="seconds per streamed token (decode)")
     parser.add_argument("--prefill-delay", type=float, default=0.01, help="seconds per prefill answer")
-    parser.add_argument("--bootstrap-port", type=int, help="reported in /server_info (prefill)")
+    parser.add_argument("--bootstrap-port", type=int,
+                        help="reported in /server_info and listened on (prefill; SGLang's KV bootstrap port)")
     args = parser.parse_args(argv)
+    if args.bootstrap_port is not None and args.role != "prefill":
+        parser.error("--bootstrap-port is for --role prefill")
     app = make_standin_app(args.role, args.wire_log, token_interval_s=args.token_interval,
-                           prefill_delay_s=args.prefill_delay, bootstrap_port=args.bootstrap_port)
+                           prefill_delay_s=args.prefill_delay, bootstrap_port=args.bootstrap_port,
+                           bootstrap_host=args.host if args.bootstrap_port is not None else None)
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=lambda m: print(m, flush=True))
 
 
