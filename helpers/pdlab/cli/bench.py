@@ -29,6 +29,8 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--max-output-tokens", type=int, default=512)
     add_slo_arguments(p, e2e=True)
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
+    p.add_argument("--max-retries", type=int, default=0,
+                   help="send a request refused with 503 + Retry-After again after that time, up to N times")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="bench", help="file prefix under build/bench/")
     p.add_argument("--no-progress", action="store_true")
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                               use_trace_schedule=args.trace_schedule)
     try:
         client = ClientOptions(endpoint=args.endpoint, model=args.model, tokenizer=args.tokenizer,
-                               request_timeout_s=args.timeout)
+                               request_timeout_s=args.timeout, max_retries=args.max_retries)
         result = run_bench(args.url, requests, slo=slo, client=client, max_concurrency=args.max_concurrency,
                            progress=not args.no_progress and not args.json, seed=args.seed, save=args.name)
     except OSError as exc:  # server not reachable for /v1/models, tokenizer missing ...

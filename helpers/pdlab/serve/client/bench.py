@@ -43,6 +43,8 @@ __all__ = [
     "server_model",
     "run_requests",
     "run_bench",
+    "retry_after_s",
+    "retry_counts",
     "format_summary",
 ]
 
@@ -177,6 +179,9 @@ class ClientOptions:
     ``ignore_eos``: ask the server to generate exactly ``max_tokens`` (vLLM's ``ignore_eos``).
     ``request_timeout_s``: the longest silence while reading a streamed response (s).
     ``extra_body``: more JSON fields merged into every request body (None: none).
+    ``max_retries``: how many times a request refused with HTTP 503 and ``Retry-After`` is sent again,
+    each after the seconds the server gave (capped at ``max_retry_after_s``); 0: never. The record
+    keeps the first attempt's send time as its arrival, so its TTFT includes the waits.
     """
 
     endpoint: str = "completions"
@@ -185,10 +190,15 @@ class ClientOptions:
     ignore_eos: bool = True
     request_timeout_s: float = 300.0
     extra_body: dict[str, Any] | None = None
+    max_retries: int = 0
+    max_retry_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.endpoint not in _ENDPOINTS:
             raise ValueError(f"endpoint must be completions or chat, got {self.endpoint!r}")
+        if self.max_retries < 0 or not self.max_retry_after_s >= 0:
+            raise ValueError(f"max_retries and max_retry_after_s must be ≥ 0, got {self.max_retries} and "
+                             f"{self.max_retry_after_s}")
 
     def payload(self, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
         """The JSON body of one streamed request for ``model`` (the resolved id)."""
@@ -204,13 +214,42 @@ class ClientOptions:
         return body
 
 
-async def _one(session, url: str, body: dict[str, Any], req: Request, bar,
-               request_timeout_s: float) -> RequestRecord:
-    """Send one request (streamed); its record, with absolute ``perf_counter`` times."""
+def retry_after_s(error: str, headers: dict[str, str]) -> float | None:
+    """Seconds a refused request should wait before it is sent again: an HTTP 503's ``Retry-After``
+    (delta-seconds), else None (not a refusal to retry).
+
+    >>> retry_after_s("HTTP 503: overloaded", {"Retry-After": "2"}), retry_after_s("HTTP 500: x", {"Retry-After": "2"})
+    (2.0, None)
+    """
+    value = {k.lower(): v for k, v in headers.items()}.get("retry-after")
+    if not error.startswith("HTTP 503") or value is None:
+        return None
+    try:
+        wait = float(value)
+    except ValueError:
+        return None  # an HTTP date or garbage: not a delay this client can honour
+    return wait if wait >= 0 and math.isfinite(wait) else None
+
+
+async def _one(session, url: str, body: dict[str, Any], req: Request, bar, client: ClientOptions) -> RequestRecord:
+    """Send one request (streamed), again after each ``Retry-After`` refusal while retries are left;
+    its record, with absolute ``perf_counter`` times. ``extra``: ``rejections`` (503s with
+    ``Retry-After`` received) and ``retries`` (attempts after the first)."""
     sent = time.perf_counter()
-    outcome = await stream_request(session, url, body, timeout_s=request_timeout_s)
+    rejections = retries = 0
+    while True:
+        outcome = await stream_request(session, url, body, timeout_s=client.request_timeout_s)
+        wait = None if outcome.ok else retry_after_s(outcome.error or "", outcome.headers or {})
+        if wait is None:
+            break
+        rejections += 1
+        if retries >= client.max_retries:
+            break
+        retries += 1
+        await asyncio.sleep(min(wait, client.max_retry_after_s))
     rec = outcome_record(outcome, request_id=req.request_id, sent_s=sent, prompt_tokens=req.prompt_tokens,
-                         extra={"target_output_tokens": req.output_tokens})
+                         extra={"target_output_tokens": req.output_tokens, "rejections": rejections,
+                                "retries": retries})
     if bar is not None:
         bar.update(1)
     return rec
@@ -263,11 +302,11 @@ async def run_requests(url: str, requests: Sequence[Request], *, client: ClientO
         if sem is None:
             if should_stop is not None and should_stop():
                 return None
-            return await _one(session, url, body, req, bar, request_timeout_s)
+            return await _one(session, url, body, req, bar, client)
         async with sem:
             if should_stop is not None and should_stop():
                 return None
-            return await _one(session, url, body, req, bar, request_timeout_s)
+            return await _one(session, url, body, req, bar, client)
 
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
@@ -314,6 +353,7 @@ def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, 
     summary = summarize(records, slo)
     errors = sorted({r.error for r in records if not r.ok})
     summary["errors"] = errors[:10]
+    summary.update(retry_counts(records))
     config = {"url": url, "endpoint": client.endpoint, "requests": len(requests), "max_concurrency": max_concurrency,
               "ignore_eos": client.ignore_eos, "slo": None if slo is None else {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s,
                                                                           "e2e_s": slo.e2e_s},
@@ -323,6 +363,14 @@ def run_bench(url: str, requests: Sequence[Request], *, slo: SLO | None = None, 
     if save:
         result.save(name=save if isinstance(save, str) else "bench")
     return result
+
+
+def retry_counts(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """Requests refused at least once (``rejected``), sent again at least once (``retried``), and
+    still failed with a refusal when their retries ran out (``failed_after_retries``)."""
+    refused = [r for r in records if r.extra.get("rejections", 0) > 0]
+    return {"rejected": len(refused), "retried": sum(r.extra.get("retries", 0) > 0 for r in refused),
+            "failed_after_retries": sum(not r.ok for r in refused)}
 
 
 def format_summary(summary: dict[str, Any], title: str = "benchmark") -> str:
@@ -339,6 +387,9 @@ def format_summary(summary: dict[str, Any], title: str = "benchmark") -> str:
         lines.append(f"  {m.upper():<6} {ms(f'{m}_mean_s')} {ms(f'{m}_p50_s')} {ms(f'{m}_p90_s')} {ms(f'{m}_p99_s')}")
     if "goodput_rps" in summary:
         lines.append(f"  SLO attainment {summary['slo_attainment']:.0%}, goodput {summary['goodput_rps']:.2f} req/s")
+    if summary.get("rejected"):
+        lines.append(f"  refused (503 + Retry-After) {summary['rejected']}, retried {summary['retried']}, "
+                     f"still refused after retries {summary['failed_after_retries']}")
     if summary.get("errors"):
         lines.append(f"  errors: {summary['errors'][:3]}")
     return "\n".join(lines)
