@@ -460,22 +460,23 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
 
     low, high = run_at(2.0), run_at(12.0)
     probe = Calibration(fl)
-    err = lab05.heldout_tpot_error(probe, low, high, "colocated")
-    assert abs(err) > 0.01
-    add(lab05.check_heldout_error, (probe, low, high, "colocated"), err,
+    predicted = lab05.heldout_tpot_prediction(probe, low, high, "colocated")
+    live_high = float(np.median([r.tpot_s for r in high]))
+    assert abs(predicted / live_high - 1) > 0.01
+    add(lab05.check_heldout_prediction, (probe, low, high, "colocated"), predicted,
         {"the probe alone, not refitted": float(np.median([r.tpot_s for r in replay(
-            requests_from_records(high), "colocated", probe)]) / np.median([r.tpot_s for r in high]) - 1),
-         "fitted on the rate it predicts": lab05.heldout_tpot_error(probe, high, high, "colocated"),
-         "a percentage, not a fraction": 100 * err})
+            requests_from_records(high), "colocated", probe)])),
+         "fitted on the rate it predicts": lab05.heldout_tpot_prediction(probe, high, high, "colocated"),
+         "the live median, not the prediction": live_high, "milliseconds": 1e3 * predicted})
     blocks = {2.0: [run_at(2.0, 20), run_at(2.0, 20)], 8.0: [run_at(8.0, 20), run_at(8.0, 20)]}
     logs = [math.log(np.median([r.tpot_s for r in b]) / np.median([r.tpot_s for r in a])) for a, b in blocks.values()]
     rms = math.sqrt(np.mean(np.square(logs)))
     assert rms > 0
     add(lab05.check_block_scatter, (blocks,), rms,
         {"mean of the log ratios (signs cancel)": float(np.mean(logs)), "not the root": float(np.mean(np.square(logs)))})
-    floor = host_floor(blocks)
-    within = abs(err) <= floor.floor_tpot_p95
-    add(lab05.check_within_floor, (err, blocks), within, {"the opposite": not within, "a number, not a bool": 1.0})
+    within = abs(predicted / live_high - 1) <= host_floor(blocks).floor_tpot_p95
+    add(lab05.check_within_floor, (probe, low, high, "colocated", blocks), within,
+        {"the opposite": not within, "a number, not a bool": 1.0})
     return cases
 
 
