@@ -9,12 +9,17 @@ is measured as one row of :class:`OverloadRow`:
    ``t_p(l) = a + b·l + c·l²`` (what the proxy predicts with); :func:`measure_handoff` takes
    the rest of a single request's TTFT through the proxy (KV hand-off and first decode step).
 2. :func:`saturation_capacity`: every request of a workload at once; completed requests over
-   the makespan is the deployment's capacity (req/s), the unit of "1×, 2×, 3× load".
+   the makespan is the deployment's throughput when saturated (req/s) — an upper bound, not a rate
+   whose requests meet the SLO. :func:`slo_capacity` searches down from it for the highest rate at
+   which, without admission, ``target`` of the requests meet the SLO: the capacity, the unit of
+   "1×, 2×, 3× load".
 3. :func:`overload_run` sends the workload at a multiple of that rate and records goodput, the
    SLO attainment of the *admitted* requests, the rejection share (HTTP 503), other failures,
    and the engines' peak memory (RSS of their process trees) and KV-cache usage, sampled while
-   it runs. The same arrivals go through :func:`pdlab.serve.proxy.admission.replay_admission`, the
-   policy's offline replay, so the live rejections can be set beside the predicted ones.
+   it runs. The same arrivals go through the policy offline — :func:`pdlab.sched.admission.replay_admission`
+   for the proxy's bookkeeping alone, :func:`pdlab.sched.admission.simulate_admission` (the same class on a
+   simulated prefill engine) for the policy that reads the engines' state — so the live rejections can
+   be set beside the predicted ones.
 """
 
 from __future__ import annotations
@@ -30,13 +35,13 @@ from typing import Any
 import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, percentiles, slo_attainment, summarize
+from pdlab.sched.admission import PrefillModel, replay_admission, simulate_admission
 from pdlab.serve.measure.evidence import largest_hit_share, scrape_metrics
-from pdlab.serve.proxy.admission import PrefillModel, replay_admission
 from pdlab.workloads import Request
 
 __all__ = ["REJECTED", "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff",
-           "saturation_capacity", "ResourceSampler", "OverloadRow", "overload_run", "AdmissionSettings",
-           "overload_matrix"]
+           "saturation_capacity", "slo_capacity", "ResourceSampler", "OverloadRow", "overload_run", "AdmissionSettings",
+           "DESIGNS", "overload_matrix"]
 
 #: How the client's error text starts for a request the proxy refused on arrival.
 REJECTED = "HTTP 503"
@@ -109,6 +114,37 @@ def saturation_capacity(url: str, requests: Sequence[Request], *, seed: int = 0,
     finishes = np.sort([r.finish_s for r in res.records])
     lo, hi = int(round(len(finishes) * (1 - middle) / 2)), int(round(len(finishes) * (1 + middle) / 2)) - 1
     return (hi - lo) / (finishes[hi] - finishes[lo]), res.records
+
+
+def slo_capacity(url: str, workload: Callable[[float, int], list[Request]], slo: SLO, *, upper_rps: float,
+                 duration_s: float, fractions: Sequence[float] = (1.0, 0.8, 0.65, 0.5, 0.4, 0.3), target: float = 0.9,
+                 seed: int = 0, request_timeout_s: float = 120.0, tokenizer: str | Path | None = None
+                 ) -> tuple[float, list[dict[str, float]]]:
+    """The highest rate (req/s) of ``fractions`` × ``upper_rps`` at which ≥ ``target`` of the requests meet ``slo``.
+
+    Tries the rates from the highest down, each for ``duration_s`` of arrivals (``workload(rate, n)``)
+    sent to ``url`` as they are (no admission), and stops at the first that meets the target.
+    Returns the rate and one row per rate tried (``rate_rps``, ``attainment``, ``ttft_p90_s``,
+    ``goodput_rps``). Raises RuntimeError when even the lowest rate misses. ``tokenizer``: the prompts'
+    (None: the server's model folder).
+    """
+    from pdlab.serve.client.bench import ClientOptions, run_bench
+
+    if not (upper_rps > 0 and duration_s > 0 and 0 < target <= 1) or not fractions:
+        raise ValueError(f"need upper_rps > 0, duration_s > 0, 0 < target ≤ 1 and fractions, got {upper_rps}, "
+                         f"{duration_s}, {target}, {list(fractions)}")
+    probes = []
+    for k, f in enumerate(sorted(fractions, reverse=True)):
+        rate = f * upper_rps
+        res = run_bench(url, workload(rate, max(5, int(round(rate * duration_s)))), slo=slo, progress=False,
+                        client=ClientOptions(request_timeout_s=request_timeout_s, tokenizer=tokenizer), seed=seed + k)
+        ok = [r.ttft_s for r in res.records if r.ok]
+        probes.append({"rate_rps": rate, "share_of_upper": f, "attainment": slo_attainment(res.records, slo),
+                       "ttft_p90_s": percentiles(ok, [90])["p90"] if ok else float("nan"),
+                       "goodput_rps": float(res.summary.get("goodput_rps", float("nan")))})
+        if probes[-1]["attainment"] >= target:
+            return rate, probes
+    raise RuntimeError(f"no rate down to {probes[-1]['rate_rps']:.2f} req/s met the SLO for {target:.0%} of the requests")
 
 
 class ResourceSampler:
@@ -200,12 +236,13 @@ def _proxy_slowdown(proxy_url: str) -> float:
 
 def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, load_x: float, rate_rps: float,
                  model: PrefillModel, handoff_s: float, seed: int = 0, request_timeout_s: float = 120.0,
-                 server_prompt_tokens: Mapping[int, int] | None = None, headroom: float = 1.0
-                 ) -> tuple[OverloadRow, list[RequestRecord]]:
+                 server_prompt_tokens: Mapping[int, int] | None = None, headroom: float = 1.0,
+                 engine_state: bool = False) -> tuple[OverloadRow, list[RequestRecord]]:
     """Send ``requests`` (arrival times from 0) through ``dep``'s proxy and measure one :class:`OverloadRow`.
 
     ``model``/``handoff_s``/``headroom``: the admission's settings, replayed offline on the same arrivals
-    (``server_prompt_tokens``: request id → the server's prompt length, when the client's differs).
+    (``server_prompt_tokens``: request id → the server's prompt length, when the client's differs);
+    ``engine_state``: the policy reads the engines' state, so the learned replay is :func:`simulate_admission`.
     """
     from pdlab.serve.client.bench import ClientOptions, run_bench
 
@@ -224,8 +261,13 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     arrivals = [r.arrival_s for r in requests]
     flags = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, headroom=headroom)
     slowdown = _proxy_slowdown(dep.url)
-    learned = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, slowdown=slowdown, headroom=headroom) \
-        if slowdown == slowdown else flags
+    if slowdown != slowdown:  # admission off: nothing learned
+        learned = flags
+    elif engine_state:
+        learned = simulate_admission(arrivals, tokens, model, slo.ttft_s, true_slowdown=slowdown, handoff_s=handoff_s,
+                                     headroom=headroom).admitted()
+    else:
+        learned = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, slowdown=slowdown, headroom=headroom)
     agree = [flag == (r.request_id not in rejected) for r, flag in zip(requests, learned, strict=True)]
     ok_admitted = [r for r in admitted if r.ok]
     ttft_p90 = percentiles([r.ttft_s for r in ok_admitted], [90])["p90"]
@@ -266,26 +308,38 @@ class AdmissionSettings:
                 "--admission-headroom", f"{self.headroom:g}"]
 
 
+#: The designs of :func:`overload_matrix`: no admission, the proxy's bookkeeping alone, and the
+#: policy that also reads the engines' ``/metrics`` (queue and decode KV headroom).
+DESIGNS = ("no admission", "bookkeeping", "engine state")
+
+
 def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: SLO, admission: AdmissionSettings, *,
                     capacity_rps: float, loads: Sequence[float], duration_s: float, seed: int = 0,
-                    request_timeout_s: float = 120.0) -> list[tuple[OverloadRow, list[RequestRecord]]]:
-    """Each load (× ``capacity_rps``) for ``duration_s`` through ``dep``'s proxy with and without early
-    rejection (``admission``). The two designs alternate which goes first from one load to the next
-    (drift of the machine falls on both); both get the same arrivals and prompt lengths at a load
-    (``workload(rate, n)``) but each run its own prompt text (seed ``seed + 2·load index + k``), so
-    the design that runs second does not find the first one's prompts in the prefix caches. The
-    proxy is restarted for each run and left without admission."""
-    designs = {"early rejection": admission.proxy_args(slo.ttft_s), "no admission": []}
+                    request_timeout_s: float = 120.0, designs: Sequence[str] = DESIGNS
+                    ) -> list[tuple[OverloadRow, list[RequestRecord]]]:
+    """Each load (× ``capacity_rps``) for ``duration_s`` through ``dep``'s proxy under each of ``designs``
+    (:data:`DESIGNS`; ``admission``: the policy's settings). The order of the designs rotates from one
+    load to the next (drift of the machine falls on all); all get the same arrivals and prompt lengths
+    at a load (``workload(rate, n)``) but each run its own prompt text (seed ``seed + len(designs)·load
+    index + k``), so a design that runs later does not find an earlier one's prompts in the prefix
+    caches. The proxy is restarted for each run and left without admission."""
+    unknown = [d for d in designs if d not in DESIGNS]
+    if unknown or not designs:
+        raise ValueError(f"unknown designs {unknown}; known: {', '.join(DESIGNS)}")
+    args = {"no admission": [], "bookkeeping": admission.proxy_args(slo.ttft_s),
+            "engine state": [*admission.proxy_args(slo.ttft_s), "--engine-metrics"]}
     out = []
     try:
         for i, x in enumerate(loads):
             rate = x * capacity_rps
             requests = workload(rate, max(4, int(round(rate * duration_s))))
-            for k, design in enumerate(list(designs) if i % 2 == 0 else list(designs)[::-1]):
-                dep.restart_proxy(designs[design])
+            order = list(designs[i % len(designs):]) + list(designs[:i % len(designs)])
+            for k, design in enumerate(order):
+                dep.restart_proxy(args[design])
                 out.append(overload_run(dep, requests, slo, design=design, load_x=x, rate_rps=rate,
-                                        model=admission.model, handoff_s=admission.handoff_s, seed=seed + 2 * i + k,
-                                        request_timeout_s=request_timeout_s, headroom=admission.headroom))
+                                        model=admission.model, handoff_s=admission.handoff_s,
+                                        seed=seed + len(designs) * i + k, request_timeout_s=request_timeout_s,
+                                        headroom=admission.headroom, engine_state=design == "engine state"))
     finally:
         dep.restart_proxy()
     return out

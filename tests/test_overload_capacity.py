@@ -1,0 +1,68 @@
+"""Capacity as the highest rate whose requests meet the SLO (pdlab.serve.experiments.overload.slo_capacity),
+against a stand-in server that serves one request at a time (0.1 s each: 10 req/s at most)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from pdlab.metrics import SLO
+from pdlab.serve.experiments.overload import DESIGNS, overload_matrix, slo_capacity
+from pdlab.workloads import make_requests
+
+
+def _serial_server(service_s: float):
+    lock = asyncio.Lock()
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        await request.json()
+        async with lock:  # one "prefill" at a time: a queue forms above 1 / service_s
+            await asyncio.sleep(service_s)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(f"data: {json.dumps({'choices': [{'text': 'x', 'index': 0}]})}\n\n".encode())
+        usage = {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 1}}
+        await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        await resp.write_eof()
+        return resp
+
+    async def models(request):
+        return web.json_response({"data": [{"id": "m", "root": "m"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    return app
+
+
+def _evenly(rate: float, n: int):
+    return make_requests([i / rate for i in range(n)], [4] * n, [1] * n)
+
+
+def test_capacity_is_the_highest_rate_tried_that_meets_the_slo(tiny_model):
+    async def go():
+        server = TestServer(_serial_server(0.1), host="127.0.0.1")
+        await server.start_server()
+        try:
+            url = str(server.make_url("")).rstrip("/")
+            return await asyncio.to_thread(slo_capacity, url, _evenly, SLO(ttft_s=0.25, tpot_s=1.0), upper_rps=20.0,
+                                           duration_s=1.5, fractions=(1.0, 0.7, 0.35), tokenizer=tiny_model.path)
+        finally:
+            await server.close()
+
+    rate, probes = asyncio.run(go())
+    # 20 and 14 req/s outrun a 10 req/s server (the queue grows past the 0.25 s SLO); 7 req/s does not
+    assert rate == pytest.approx(7.0) and [p["share_of_upper"] for p in probes] == [1.0, 0.7, 0.35]
+    assert probes[0]["attainment"] < 0.9 <= probes[-1]["attainment"] and probes[0]["ttft_p90_s"] > 0.25
+
+
+def test_bad_capacity_settings_and_designs_are_named():
+    with pytest.raises(ValueError, match="upper_rps"):
+        slo_capacity("http://127.0.0.1:9", _evenly, SLO(ttft_s=1.0), upper_rps=0.0, duration_s=1.0)
+    with pytest.raises(ValueError, match="unknown designs"):
+        overload_matrix(None, _evenly, SLO(ttft_s=1.0), None, capacity_rps=1.0, loads=[1.0], duration_s=1.0,
+                        designs=["no admission", "magic"])
+    assert DESIGNS == ("no admission", "bookkeeping", "engine state")
