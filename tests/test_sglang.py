@@ -127,11 +127,12 @@ def test_standin_prefill_answers_one_token_and_rejects_bad_json(tmp_path):
 def test_smg_routes_pd_to_stand_ins_with_one_room_per_request(tmp_path):
     """The real smg gateway in PD mode in front of two stand-ins: each request reaches both workers with
     the same bootstrap room and the prefill worker's bootstrap port, the client gets the decode worker's
-    tokens, smg found the bootstrap port listening, and nothing is left running afterwards."""
+    tokens, smg found the bootstrap port listening, every socket is on loopback, and nothing is left running
+    afterwards."""
     import socket
     import urllib.request
 
-    from pdlab.process import free_port
+    from pdlab.process import free_port, listening_sockets
 
     base = free_port(count=4)
     pd = SGLangPD(router_port=base, prefill_port=base + 1, decode_port=base + 2, bootstrap_port=base + 3,
@@ -139,6 +140,7 @@ def test_smg_routes_pd_to_stand_ins_with_one_room_per_request(tmp_path):
     with pd:
         with socket.create_connection(("127.0.0.1", pd.bootstrap_port), timeout=5):
             pass
+        socks = listening_sockets([p.pid for p in pd.processes])
         answers = []
         for body in ({"model": "stand-in", "prompt": "hi", "max_tokens": 4},
                      {"model": "stand-in", "prompt": "hi again", "max_tokens": 6}):
@@ -154,4 +156,6 @@ def test_smg_routes_pd_to_stand_ins_with_one_room_per_request(tmp_path):
     assert rooms == [b["bootstrap_room"] for b in posts["decode"]] and len(set(rooms)) == 2
     assert {b["bootstrap_port"] for b in posts["prefill"] + posts["decode"]} == {pd.bootstrap_port}
     assert "Bootstrap port did not accept" not in (tmp_path / "router.log").read_text()
+    assert {pd.router_port, pd.bootstrap_port} <= {port for *_, port in socks}
+    assert [s for s in socks if s[2] not in ("127.0.0.1", "::1")] == [], socks   # smg's metrics port too
     assert all(p.popen.poll() is not None for p in pd.processes)
