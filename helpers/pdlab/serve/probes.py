@@ -549,7 +549,8 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     contention = admission = None
     if decode_url and decode_url != url:
         contention = probe_contention(url, decode_url, prompt_tokens=plan.contention_prompt,
-                                      repeats=plan.repeats, seed=seed + 3, proxy_url=proxy_url, **bench_kwargs)
+                                      decode_tokens=max(48, plan.decode_tokens), repeats=plan.repeats,
+                                      seed=seed + 3, proxy_url=proxy_url, **bench_kwargs)
         if proxy_url and plan.admission:
             admission = probe_admission(proxy_url, decode_url, seed=seed + 4, **bench_kwargs)
     passes = [first]
