@@ -274,3 +274,18 @@ def test_metrics_poller_reads_vllm_names_and_a_bad_endpoint_never_blocks_a_decis
         bad_poller.stop()
         assert verdict.admit and verdict.source == "bookkeeping" and took < 0.05, (bad, took)
     assert policy.state_fallbacks == 3
+
+
+def test_a_learned_handoff_lengthens_predictions_only_when_asked_and_never_below_the_measured_one():
+    fixed = TTFTAdmission(MODEL, ttft_slo_s=0.5, handoff_s=0.05, clock=Clock(), learn=0.5)
+    learning = TTFTAdmission(MODEL, ttft_slo_s=0.5, handoff_s=0.05, clock=Clock(), learn=0.5, learn_handoff=True)
+    for policy in (fixed, learning):
+        policy.observe_handoff(0.45)  # decode busy: the first token came 0.45 s after the prefill leg
+        policy.observe_handoff(float("nan"))  # ignored
+    assert fixed.handoff_now_s == 0.05 and fixed.decide(250).admit  # 0.26 + 0.05
+    assert learning.handoff_now_s == pytest.approx(0.25)
+    assert not learning.decide(250).admit  # 0.26 + 0.25 > 0.5
+    learning.observe_handoff(0.0)
+    learning.observe_handoff(0.0)
+    learning.observe_handoff(0.0)
+    assert learning.handoff_now_s == 0.05  # the measured idle hand-off is the floor

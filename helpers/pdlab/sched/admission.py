@@ -26,7 +26,12 @@ What it predicts from:
 - **Decode KV headroom**: with the decode engine's KV size known, a request whose prompt + output
   tokens would take its KV usage (plus the KV of the legs still in prefill) above ``kv_limit`` is refused.
 
-Predicted TTFT = wait + slowdown·``t_p(l)`` + ``handoff_s`` (KV hand-off and first decode step).
+- **The rest of the TTFT under load** (``learn_handoff``): the KV hand-off and the first decode step
+  grow with the sequences the decode engine runs. With ``learn_handoff`` each measured rest of a TTFT
+  (:meth:`TTFTAdmission.observe_handoff`) is averaged (EWMA, weight ``learn``) and the prediction
+  adds the larger of that and ``handoff_s``.
+
+Predicted TTFT = wait + slowdown·``t_p(l)`` + hand-off (KV hand-off and first decode step).
 Above ``headroom`` × the TTFT SLO the request is refused (HTTP 503 with ``Retry-After``: whole
 seconds until the queue would admit it).
 """
@@ -129,6 +134,8 @@ class TTFTAdmission:
     engine_state: Callable[[], EngineState | None] | None = None
     max_state_age_s: float = 1.0
     kv_limit: float = 0.95
+    learn_handoff: bool = False
+    handoff_learned_s: float = field(default=0.0, init=False)
     busy_until_s: float = field(default=float("-inf"), init=False)
     in_flight: dict[str, int] = field(default_factory=dict, init=False)
     slowdown: float = field(default=1.0, init=False)
@@ -152,6 +159,18 @@ class TTFTAdmission:
             raise ValueError(f"max_state_age_s must be positive, got {self.max_state_age_s!r}")
         if not 0 < self.kv_limit <= 1:
             raise ValueError(f"kv_limit must be in (0, 1], got {self.kv_limit!r}")
+        self.handoff_learned_s = self.handoff_s
+
+    @property
+    def handoff_now_s(self) -> float:
+        """The hand-off added to a prediction now: ``handoff_s``, or the larger learned one (s)."""
+        return max(self.handoff_s, self.handoff_learned_s) if self.learn_handoff else self.handoff_s
+
+    def observe_handoff(self, seconds: float) -> None:
+        """A request's measured TTFT minus its prefill leg (s): averaged into the learned hand-off."""
+        if self.learn_handoff and seconds >= 0 and math.isfinite(seconds):
+            w = self.learn or 0.2
+            self.handoff_learned_s = (1 - w) * self.handoff_learned_s + w * seconds
 
     @property
     def target_s(self) -> float:
@@ -195,7 +214,7 @@ class TTFTAdmission:
             engine_wait = queued * sum(self.prefill_s(t) for t in tokens) / len(tokens)
             if engine_wait > wait:
                 wait, source = engine_wait, "engine"
-        predicted = wait + self.prefill_s(prompt_tokens) + self.handoff_s
+        predicted = wait + self.prefill_s(prompt_tokens) + self.handoff_now_s
         if predicted > self.target_s:
             self.rejected += 1
             return AdmissionDecision(False, predicted, wait, max(1, math.ceil(predicted - self.target_s)),
@@ -232,7 +251,7 @@ class TTFTAdmission:
         """Counters and the current predicted wait, for ``/proxy/admission``."""
         return {"admitted": self.admitted, "rejected": self.rejected, "in_flight": len(self.in_flight),
                 "wait_s": max(self.busy_until_s - self.clock(), 0.0), "ttft_slo_s": self.ttft_slo_s,
-                "headroom": self.headroom, "handoff_s": self.handoff_s, "slowdown": self.slowdown,
+                "headroom": self.headroom, "handoff_s": self.handoff_now_s, "slowdown": self.slowdown,
                 "engine_state": self.engine_state is not None, "state_fallbacks": self.state_fallbacks}
 
 

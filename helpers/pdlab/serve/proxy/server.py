@@ -77,8 +77,8 @@ class ProxyConfig:
     admission_learn: float = 0.2  # EWMA weight of the measured/predicted prefill-leg ratio (0: off)
     admission_headroom: float = 1.0  # admit when the predicted TTFT ≤ headroom × the SLO
     #: With admission on: also read the first prefill and decode engines' vLLM ``/metrics`` (their queue
-    #: and the decode KV headroom, :class:`~pdlab.serve.proxy.admission.MetricsPoller`), refusing what
-    #: would take decode's KV usage above ``admission_kv_limit`` (0–1).
+    #: and the decode KV headroom, :class:`~pdlab.serve.proxy.admission.MetricsPoller`), refuse what would
+    #: take decode's KV usage above ``admission_kv_limit`` (0–1), and learn the hand-off under load.
     engine_metrics: bool = False
     admission_kv_limit: float = 0.95
 
@@ -131,7 +131,7 @@ class ProxyState:
                                            headroom=cfg.admission_headroom, kv_limit=cfg.admission_kv_limit)
             if cfg.engine_metrics:
                 self.poller = MetricsPoller(cfg.prefill_urls[0], cfg.decode_urls[0]).start()
-                self.admission.engine_state = self.poller
+                self.admission.engine_state, self.admission.learn_handoff = self.poller, True
             if cfg.tokenizer is not None:
                 from transformers import AutoTokenizer
 
@@ -370,7 +370,10 @@ class PDProxy:
         def on_chunk(chunk: bytes, arrived_s: float) -> None:
             if not job.first_chunk_seen:
                 job.first_chunk_seen = True
-                self.state.timings.append(asdict(job.timing(arrived_s)))
+                timing = job.timing(arrived_s)
+                self.state.timings.append(asdict(timing))
+                if self.state.admission is not None:
+                    self.state.admission.observe_handoff(timing.ttft_s - timing.prefill_leg_s)
 
         response, _ = await relay(
             request, job.decode_url, decode_request(job.body, kv_params), stats=self.state.stats,
