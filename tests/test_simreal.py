@@ -27,7 +27,7 @@ from pdlab.simreal.calibration import (
 from pdlab.simreal.compare import ERROR_COLUMNS, compare_runs, error_table
 from pdlab.simreal.fit import fit_handoff, fit_profile, fit_row
 from pdlab.simreal.replay import build_sim, replay, requests_from_records
-from pdlab.simreal.runfit import decode_steps_vs_model
+from pdlab.simreal.runfit import step_gaps
 from pdlab.workloads import make_requests
 
 TRUE = FittedLatency((0.004, 2.0e-5, 3.0e-9), (0.003, 1.0e-7, 2.0e-4))
@@ -372,9 +372,10 @@ def test_error_table_orders_columns():
 
 
 # ------------------------------------------------------------------ lab 05 checks
-def test_decode_steps_vs_model_is_one_where_the_steps_follow_the_fit():
-    """Two streams whose token gaps are exactly the fitted step of the batch at that moment give a
-    ratio of 1; gaps while a third request waits for its first token are not quiet."""
+def test_step_gaps_read_a_run_as_decode_steps_of_the_fit():
+    """Two streams whose token gaps are exactly the fitted step of the batch at that moment: every
+    gap is the fitted step of batch 2 and is quiet; gaps while a third request waits for its first
+    token are not quiet."""
     lat = FittedLatency((0.01, 0.0, 0.0), (0.005, 1e-5, 0.001))
     t, times = 0.0, []
     for k in range(6):                        # both streams decode together: contexts 100 + k, 200 + k
@@ -382,15 +383,14 @@ def test_decode_steps_vs_model_is_one_where_the_steps_follow_the_fit():
         t += lat.decode_time_s([100 + k, 200 + k])
     a = RequestRecord(0, -0.1, 100, 7, times[0], times[-1], token_times_s=list(times))
     b = RequestRecord(1, -0.1, 200, 7, times[0], times[-1], token_times_s=list(times))
-    rows = decode_steps_vs_model([a, b], lat)
-    assert [r["batch"] for r in rows] == ["1-3"] and rows[0]["gaps"] == 10 and rows[0]["quiet gaps"] == 10
-    assert rows[0]["live / fitted, quiet"] == pytest.approx(1.0)
+    gaps = step_gaps([a, b])
+    assert len(gaps) == 10 and all(g.quiet and g.batch == 2 for g in gaps)
+    assert [g.gap_s / lat.step_time_s(0, 0.0, g.batch, g.context) for g in gaps] == pytest.approx([1.0] * 10)
     waiting = RequestRecord(2, times[2] - 0.001, 50, 2, times[4] + 1.0, times[4] + 1.1, token_times_s=[times[4] + 1.0,
                                                                                                       times[4] + 1.1])
-    rows = decode_steps_vs_model([a, b, waiting], lat)
-    assert rows[0]["quiet gaps"] < rows[0]["gaps"] - 1
+    assert sum(not g.quiet for g in step_gaps([a, b, waiting])) > 1
     with pytest.raises(ValueError, match="two or more token times"):
-        decode_steps_vs_model([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])], lat)
+        step_gaps([RequestRecord(0, 0.0, 10, 1, 0.1, 0.1, token_times_s=[0.1])])
 
 
 def _varied_run(lat, seed=0, n=120, rate=6.0):
@@ -402,17 +402,6 @@ def _varied_run(lat, seed=0, n=120, rate=6.0):
     arrivals = np.cumsum(rng.exponential(1 / rate, n))
     reqs = [Request(i, float(a), int(rng.integers(32, 1024)), int(rng.integers(16, 64))) for i, a in enumerate(arrivals)]
     return replay(reqs, "colocated", lat)
-
-
-def test_quiet_step_ratio_is_one_for_the_true_model_and_halves_for_a_model_twice_as_slow():
-    """The gap-weighted quiet-step ratio of a run that follows TRUE: 1 against TRUE, ½ against a
-    decode row twice TRUE's."""
-    from pdlab.simreal.runfit import quiet_step_ratio
-
-    recs = _varied_run(TRUE)
-    assert quiet_step_ratio(recs, TRUE) == pytest.approx(1.0, rel=0.02)
-    slow = FittedLatency(TRUE.prefill, tuple(2 * c for c in TRUE.decode))
-    assert quiet_step_ratio(recs, slow) == pytest.approx(0.5, rel=0.02)
 
 
 def test_paired_error_is_zero_for_a_replay_of_itself_and_follows_each_request():
@@ -570,9 +559,8 @@ def test_chunk_token_counts_make_a_merged_gap_several_steps():
     by a chunk of 3 tokens spans 3 steps, not one long step. Against the same record without the
     counts, the per-step median, the long share, the time ratio and the context all follow the
     counts; a chunk that held no token (a chat role chunk) is no step."""
-    from pdlab.simreal.runfit import run_decode_points, step_gaps
+    from pdlab.simreal.runfit import run_decode_points
 
-    lat = FittedLatency((0.01, 0.0, 0.0), (0.005, 0.0, 0.0))   # every step 5 ms
     times = [0.0, 0.005, 0.010, 0.025, 0.030, 0.035]            # the 3rd gap is 15 ms: 3 steps merged
     blind = RequestRecord(0, -0.1, 100, 8, times[0], times[-1], token_times_s=list(times))
     told = RequestRecord(0, -0.1, 100, 8, times[0], times[-1], token_times_s=list(times),
@@ -583,10 +571,7 @@ def test_chunk_token_counts_make_a_merged_gap_several_steps():
     assert [g.steps for g in gaps] == [1, 1, 3, 1, 1] and [g.steps for g in step_gaps([blind])] == [None] * 5
     assert [g.context for g in gaps] == [100, 101, 102, 105, 106]   # prompt + tokens before the midpoint − 1
     assert [dataclasses.replace(g, stream=0) for g in step_gaps([role])] == gaps
-    # per step: 7 quiet steps of 5 ms with the counts; 5 gaps, one of 15 ms, without
-    (row,) = decode_steps_vs_model([told], lat)
-    assert row["quiet gaps"] == 7 and row["live / fitted, quiet"] == pytest.approx(1.0)
-    assert decode_steps_vs_model([blind], lat)[0]["quiet gaps"] == 5
+    # per step: 7 quiet steps of 5 ms with the counts
     (point,) = run_decode_points([told])
     assert point.samples == 7 and point.time_s == pytest.approx(0.005)
 

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from pdlab.metrics import RequestRecord, tpot_s
-from pdlab.sim.latency import FittedLatency, nnls_fit
+from pdlab.sim.latency import nnls_fit
 from pdlab.simreal.calibration import Calibration, Contention, RunFit, StepPoint
 from pdlab.simreal.fit import fit_quality
 from pdlab.simreal.replay import replay, replay_pairs, requests_from_records, server_prompt_tokens
 
-__all__ = ["StepGap", "step_gaps", "decode_steps_vs_model", "quiet_step_ratio", "run_decode_points",
+__all__ = ["StepGap", "step_gaps", "run_decode_points",
            "prefill_quiet_requests", "scale_decode_on_run", "match_decode_to_tpot_on_run",
            "refit_decode_contention_on_run", "split_co_runner_cpu", "refit_prefill_core_load_on_run",
            "refit_front_end_on_run", "fit_on_run"]
@@ -111,43 +111,6 @@ def _per_step(rows: Sequence[StepGap]) -> list[StepGap]:
         n = g.steps or 1
         out.extend([replace(g, gap_s=g.gap_s / n, steps=1)] * n)
     return out
-
-
-def decode_steps_vs_model(records: Sequence[RequestRecord], latency: FittedLatency,
-                          batch_edges: Sequence[int] = (1, 4, 8, 12, 16, 1 << 30)) -> list[dict[str, Any]]:
-    """Live token gaps of a run against the fitted decode step, by batch size.
-
-    Each gap is one decode step, or n where its chunk held n tokens (:func:`step_gaps`,
-    :func:`_per_step`: batch, context, quiet); the fitted step is
-    ``latency.decode_time_s`` of that batch and context. Returns one row per batch range [lo, hi):
-    gaps, quiet gaps, and the median of live / fitted over each (1.0 = the fit holds under the
-    workload; the probe's own points are near 1 by construction).
-    """
-    rows = [(g.batch, g.gap_s / latency.step_time_s(0, 0.0, g.batch, g.context), g.quiet)
-            for g in _per_step(step_gaps(records))]
-    batch = np.array([b for b, _, _ in rows])
-    ratio = np.array([x for _, x, _ in rows])
-    quiet = np.array([q for _, _, q in rows])
-    out = []
-    for lo, hi in zip(batch_edges[:-1], batch_edges[1:], strict=True):
-        sel = (batch >= lo) & (batch < hi)
-        if not sel.any():
-            continue
-        q = sel & quiet
-        out.append({"batch": f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi - 1}", "gaps": int(sel.sum()),
-                    "quiet gaps": int(q.sum()), "live / fitted, all": float(np.median(ratio[sel])),
-                    "live / fitted, quiet": float(np.median(ratio[q])) if q.any() else float("nan")})
-    return out
-
-
-def quiet_step_ratio(records: Sequence[RequestRecord], latency: FittedLatency) -> float:
-    """One number for "does the decode model hold on this run": the median live ÷ fitted step time
-    of each batch range's quiet steps (:func:`decode_steps_vs_model`), averaged with the ranges'
-    numbers of quiet gaps as weights. 1.0 = the fit holds; NaN when the run has no quiet step."""
-    rows = [r for r in decode_steps_vs_model(records, latency) if r["quiet gaps"] > 0]
-    if not rows:
-        return float("nan")
-    return float(np.average([r["live / fitted, quiet"] for r in rows], weights=[r["quiet gaps"] for r in rows]))
 
 
 def run_decode_points(records: Sequence[RequestRecord], *, ctx_bucket_tokens: int = 256,
