@@ -314,7 +314,7 @@ class SimulatedAdmission:
 
 def simulate_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], model: PrefillModel,
                        ttft_slo_s: float, *, true_slowdown: float = 1.0, handoff_s: float = 0.0,
-                       poll_s: float | None = 0.25, headroom: float = 1.0, learn: float = 0.2,
+                       poll_s: float | None = 0.5, headroom: float = 1.0, learn: float = 0.2,
                        output_tokens: Sequence[int] | None = None, decode_kv_tokens: int | None = None
                        ) -> SimulatedAdmission:
     """One FIFO prefill engine simulated behind :class:`TTFTAdmission` (Conductor-style early rejection).

@@ -68,7 +68,7 @@ class MetricsPoller:
     malformed) is logged and leaves the last reading as it was, so it ages out of the policy's use.
     """
 
-    def __init__(self, prefill_url: str, decode_url: str, *, interval_s: float = 0.25, timeout_s: float = 0.5,
+    def __init__(self, prefill_url: str, decode_url: str, *, interval_s: float = 0.5, timeout_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic):
         if not (interval_s > 0 and timeout_s > 0):
             raise ValueError(f"interval_s and timeout_s must be positive, got {interval_s} and {timeout_s}")
