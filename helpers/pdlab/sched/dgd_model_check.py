@@ -12,9 +12,9 @@ and reads the last stdout line: ``{"dynamo_version": str, "error": str | null, "
 or of its profiler's worker lookup. ``roles`` maps ``prefill`` and ``decode`` to what Dynamo's
 profiler code reads from the document: the component found for the role (``name``), its
 ``replicas``, the main container's ``args`` (``validate_and_get_worker_args``), ``gpus_per_instance``
-(TP × PP from the args, ``_get_per_instance_gpus``), ``node_count`` (``multinode.nodeCount``, 1
-without) and ``profiler_node_count``: what the profiler's ``set_multinode_config`` writes for
-``gpus_per_node`` (null without it).
+(TP × PP as the profiler parses the args: the node count its ``set_multinode_config`` writes for nodes
+of one GPU), ``node_count`` (``multinode.nodeCount``, 1 without) and ``profiler_node_count``: what
+``set_multinode_config`` writes for ``gpus_per_node`` (null without it).
 
 ``dynamo.profiler.utils.config`` imports Dynamo's planner package, which imports two names of
 ``aisimulate_core`` for its performance model; that package cannot be installed from the registry
@@ -60,6 +60,14 @@ def _node_count(component) -> int:
     return multinode.get("nodeCount", 1) if isinstance(multinode, dict) else multinode.nodeCount
 
 
+def _profiler_nodes(set_multinode_config, component, gpus_per_node: int) -> int:
+    """The node count Dynamo's ``set_multinode_config`` gives a copy of ``component`` for nodes of
+    ``gpus_per_node`` GPUs (it splits one instance's TP × PP, parsed from the args)."""
+    probe = copy.deepcopy(component)
+    set_multinode_config(probe, 0, gpus_per_node)
+    return _node_count(probe)
+
+
 def main() -> int:
     """Read the request from stdin, read the DGD back, print the JSON line; exit 2 on a bad request."""
     try:
@@ -90,15 +98,10 @@ def main() -> int:
         except ValueError as exc:
             out["error"] = f"{role.value} worker: {exc}"
             break
-        per_instance = dgd._get_per_instance_gpus(component)
-        profiler_nodes = None
-        if gpus_per_node:
-            probe = copy.deepcopy(component)
-            dgd.set_multinode_config(probe, per_instance or 0, gpus_per_node)
-            profiler_nodes = _node_count(probe)
+        profiler_nodes = _profiler_nodes(dgd.set_multinode_config, component, gpus_per_node) if gpus_per_node else None
         out["roles"][role.value] = {"name": component.name, "replicas": component.replicas, "args": args,
-                                    "gpus_per_instance": per_instance, "node_count": _node_count(component),
-                                    "profiler_node_count": profiler_nodes}
+                                    "gpus_per_instance": _profiler_nodes(dgd.set_multinode_config, component, 1),
+                                    "node_count": _node_count(component), "profiler_node_count": profiler_nodes}
     print(json.dumps(out))
     return 0
 
