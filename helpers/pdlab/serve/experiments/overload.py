@@ -236,13 +236,14 @@ def _proxy_slowdown(proxy_url: str) -> float:
 
 def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, load_x: float, rate_rps: float,
                  model: PrefillModel, handoff_s: float, seed: int = 0, request_timeout_s: float = 120.0,
-                 server_prompt_tokens: Mapping[int, int] | None = None, headroom: float = 1.0,
-                 engine_state: bool = False) -> tuple[OverloadRow, list[RequestRecord]]:
+                 server_prompt_tokens: Mapping[int, int] | None = None, headroom: float = 1.0
+                 ) -> tuple[OverloadRow, list[RequestRecord]]:
     """Send ``requests`` (arrival times from 0) through ``dep``'s proxy and measure one :class:`OverloadRow`.
 
     ``model``/``handoff_s``/``headroom``: the admission's settings, replayed offline on the same arrivals
     (``server_prompt_tokens``: request id → the server's prompt length, when the client's differs);
-    ``engine_state``: the policy reads the engines' state, so the learned replay is :func:`simulate_admission`.
+    ``design`` ``"engine state"``: the policy reads the engines' state, so the learned replay is
+    :func:`simulate_admission` (else :func:`replay_admission`).
     """
     from pdlab.serve.client.bench import ClientOptions, run_bench
 
@@ -263,7 +264,7 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     slowdown = _proxy_slowdown(dep.url)
     if slowdown != slowdown:  # admission off: nothing learned
         learned = flags
-    elif engine_state:
+    elif design == "engine state":
         learned = simulate_admission(arrivals, tokens, model, slo.ttft_s, true_slowdown=slowdown, handoff_s=handoff_s,
                                      headroom=headroom).admitted()
     else:
@@ -339,7 +340,7 @@ def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: S
                 out.append(overload_run(dep, requests, slo, design=design, load_x=x, rate_rps=rate,
                                         model=admission.model, handoff_s=admission.handoff_s,
                                         seed=seed + len(designs) * i + k, request_timeout_s=request_timeout_s,
-                                        headroom=admission.headroom, engine_state=design == "engine state"))
+                                        headroom=admission.headroom))
     finally:
         dep.restart_proxy()
     return out
