@@ -117,7 +117,7 @@ def saturation_capacity(url: str, requests: Sequence[Request], *, seed: int = 0,
 
 
 def slo_capacity(url: str, workload: Callable[[float, int], list[Request]], slo: SLO, *, upper_rps: float,
-                 duration_s: float, fractions: Sequence[float] = (1.0, 0.8, 0.65, 0.5, 0.4, 0.3), target: float = 0.9,
+                 duration_s: float, fractions: Sequence[float] = (1.0, 0.7, 0.5, 0.35, 0.25), target: float = 0.9,
                  seed: int = 0, request_timeout_s: float = 120.0, tokenizer: str | Path | None = None
                  ) -> tuple[float, list[dict[str, float]]]:
     """The highest rate (req/s) of ``fractions`` × ``upper_rps`` at which ≥ ``target`` of the requests meet ``slo``.
