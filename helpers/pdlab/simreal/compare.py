@@ -28,7 +28,7 @@ from pdlab.simreal.replay import replay, replay_pairs, requests_from_records
 from pdlab.workloads import Request
 
 __all__ = ["ERROR_COLUMNS", "compare_runs", "paired_error", "error_table", "rate_for_load",
-           "median_error", "HeldOut", "heldout_validation", "HostFloor", "host_floor", "perfect_model_chance"]
+           "median_error", "HeldOut", "heldout_validation", "HostFloor", "host_floor", "block_log_ratios", "perfect_model_chance"]
 
 
 #: Columns of :func:`error_table` (relative errors are (sim − live) / live; attainment in points).
@@ -255,6 +255,17 @@ class HostFloor:
         return heldout.ttft_mae <= self.floor_ttft_p95 and heldout.tpot_mae <= self.floor_tpot_p95
 
 
+def block_log_ratios(blocks: Mapping[float, Sequence[Sequence[RequestRecord]]], metric: str = "tpot") -> list[float]:
+    """log(median of block k+1 ÷ median of block k) of ``metric`` (``"ttft"`` or ``"tpot"``) for
+    every pair of consecutive blocks of every rate of ``blocks`` (rate → its blocks' records, in
+    the order they ran)."""
+    if metric not in ("ttft", "tpot"):
+        raise ValueError(f"metric must be ttft or tpot, got {metric!r}")
+    fn = ttft_s if metric == "ttft" else tpot_s
+    return [float(np.log(np.median(fn(b)) / np.median(fn(a))))
+            for parts in blocks.values() for a, b in zip(parts[:-1], parts[1:], strict=True)]
+
+
 def host_floor(blocks: Mapping[float, Sequence[Sequence[RequestRecord]]], *, bar: float = 0.10,
                draws: int = 20000, seed: int = 0) -> HostFloor:
     """The host's floor from a run's repeated blocks: ``blocks`` maps each rate (req/s) to its
@@ -263,11 +274,7 @@ def host_floor(blocks: Mapping[float, Sequence[Sequence[RequestRecord]]], *, bar
     the log ratio of their median TTFT and TPOT gives each block's scatter (÷ √2), and
     :func:`perfect_model_chance` what that leaves a perfect model over these rates. Raises
     ValueError without two rates or without a rate of two blocks."""
-    logs: dict[str, list[float]] = {"ttft": [], "tpot": []}
-    for parts in blocks.values():
-        for a, b in zip(parts[:-1], parts[1:], strict=True):
-            for metric, fn in (("ttft", ttft_s), ("tpot", tpot_s)):
-                logs[metric].append(float(np.log(np.median(fn(b)) / np.median(fn(a)))))
+    logs = {metric: block_log_ratios(blocks, metric) for metric in ("ttft", "tpot")}
     n_blocks = min(len(parts) for parts in blocks.values()) if blocks else 0
     if len(blocks) < 2 or not logs["ttft"] or n_blocks < 2:
         raise ValueError("the host floor needs >= 2 rates, each run in >= 2 blocks")
