@@ -22,7 +22,6 @@ Run: ``python -m pdlab.serve.proxy --port 8000 --prefill http://127.0.0.1:8100 -
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import itertools
@@ -31,7 +30,6 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,7 +48,7 @@ from pdlab.serve.proxy.plumbing import (
 )
 
 __all__ = ["ProxyConfig", "ProxyState", "ProxyTiming", "ProxiedRequest", "PDProxy", "BackendLimits", "make_app",
-           "prefill_request", "decode_request", "context_error", "main"]
+           "prefill_request", "decode_request", "context_error"]
 
 log = logging.getLogger("pdlab.proxy")
 _KIND = "proxy_error"  # the ``type`` of the proxy's own error answers
@@ -415,40 +413,3 @@ class PDProxy:
 def make_app(config: ProxyConfig, state: ProxyState | None = None) -> web.Application:
     """The aiohttp application (also used directly by tests with aiohttp's test client)."""
     return PDProxy(config, state).app()
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pdlab.serve.proxy", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--prefill", nargs="+", required=True, help="prefill server URLs")
-    parser.add_argument("--decode", nargs="+", required=True, help="decode server URLs")
-    parser.add_argument("--read-timeout", type=float, default=60.0, help="seconds of silence from decode allowed")
-    parser.add_argument("--connect-timeout", type=float, default=5.0)
-    parser.add_argument("--prefill-timeout", type=float, default=120.0)
-    parser.add_argument("--admission-profile", help="latency profile JSON: turns on early rejection (TTFT SLO)")
-    parser.add_argument("--ttft-slo", type=float, help="seconds; with --admission-profile")
-    parser.add_argument("--handoff", type=float, default=0.0, help="seconds added to every predicted TTFT")
-    parser.add_argument("--tokenizer", help="tokenizer folder that counts text prompts; with --admission-profile")
-    parser.add_argument("--admission-learn", type=float, default=0.2,
-                        help="EWMA weight of the measured ÷ predicted prefill time (0: the fitted model as is)")
-    parser.add_argument("--admission-headroom", type=float, default=1.0,
-                        help="admit when the predicted TTFT ≤ headroom × --ttft-slo (0 < headroom ≤ 1)")
-    parser.add_argument("--engine-metrics", action="store_true",
-                        help="admission also reads the engines' vLLM /metrics (queue, decode KV headroom)")
-    parser.add_argument("--admission-kv-limit", type=float, default=0.95,
-                        help="refuse what would take decode's KV-cache usage above this share (with --engine-metrics)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = ProxyConfig([u.rstrip("/") for u in args.prefill], [u.rstrip("/") for u in args.decode],
-                         connect_timeout_s=args.connect_timeout, prefill_timeout_s=args.prefill_timeout,
-                         read_timeout_s=args.read_timeout, admission_profile=args.admission_profile,
-                         ttft_slo_s=args.ttft_slo, handoff_s=args.handoff, tokenizer=args.tokenizer,
-                         admission_learn=args.admission_learn, admission_headroom=args.admission_headroom,
-                         engine_metrics=args.engine_metrics, admission_kv_limit=args.admission_kv_limit)
-    web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
-                print=lambda msg: print(msg, flush=True))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
