@@ -27,7 +27,7 @@ def _burst(rid: int, prompt: int, at_s: float, tokens: int) -> RequestRecord:
 
 
 class _ScriptedBench:
-    """Stands in for probes._bench: returns the next scripted run and keeps what was asked."""
+    """Stands in for probes.bench_records: returns the next scripted run and keeps what was asked."""
 
     def __init__(self, runs):
         self.runs, self.calls = list(runs), []
@@ -46,7 +46,7 @@ def test_probe_decode_reads_the_step_and_context_inside_the_window(monkeypatch):
     # two streams, 5 ms steps; the second starts 2 steps late, so the window holds 7 of its gaps
     run = [_stream(0, 32, 0.100, 0.005, 12), _stream(1, 32, 0.110, 0.005, 12)]
     bench = _ScriptedBench([run])
-    monkeypatch.setattr(probes, "_bench", bench)
+    monkeypatch.setattr(probes, "bench_records", bench)
     (pt,) = probes.probe_decode("http://x", [(2, 32)], output_tokens=12, repeats=1)
     assert pt.time_s == pytest.approx(0.005)
     assert pt.decode_batch == 2 and pt.kind == "decode" and pt.prompt_tokens == 32
@@ -58,14 +58,14 @@ def test_probe_decode_reads_the_step_and_context_inside_the_window(monkeypatch):
 
 def test_probe_decode_sends_a_burst_read_run_again(monkeypatch):
     bench = _ScriptedBench([[_burst(0, 32, 0.5, 16)], [_stream(0, 32, 0.1, 0.004, 16)]])
-    monkeypatch.setattr(probes, "_bench", bench)
+    monkeypatch.setattr(probes, "bench_records", bench)
     (pt,) = probes.probe_decode("http://x", [(1, 32)], output_tokens=16, repeats=1)
     assert pt.time_s == pytest.approx(0.004) and pt.time_s > 0
     assert len(bench.calls) == 2 and bench.calls[0][2] != bench.calls[1][2]  # a fresh seed on the retry
 
 
 def test_probe_decode_names_a_machine_that_only_ever_bursts(monkeypatch):
-    monkeypatch.setattr(probes, "_bench", _ScriptedBench([[_burst(0, 32, 0.5, 16)]] * 3))
+    monkeypatch.setattr(probes, "bench_records", _ScriptedBench([[_burst(0, 32, 0.5, 16)]] * 3))
     with pytest.raises(RuntimeError, match="one burst"):
         probes.probe_decode("http://x", [(1, 32)], output_tokens=16, repeats=1)
 
@@ -73,7 +73,7 @@ def test_probe_decode_names_a_machine_that_only_ever_bursts(monkeypatch):
 def test_probe_decode_too_few_steps_together_is_a_clear_error(monkeypatch):
     # the streams never overlap: the window is empty
     run = [_stream(0, 32, 0.1, 0.005, 4), _stream(1, 32, 0.5, 0.005, 4)]
-    monkeypatch.setattr(probes, "_bench", _ScriptedBench([run]))
+    monkeypatch.setattr(probes, "bench_records", _ScriptedBench([run]))
     with pytest.raises(RuntimeError, match="fewer than 2 steps"):
         probes.probe_decode("http://x", [(2, 32)], output_tokens=4, repeats=1)
 
@@ -85,7 +85,7 @@ def test_probe_prefill_takes_the_median_ttft_per_server_length(monkeypatch):
                               finish_s=1.0, server_prompt_tokens=r.prompt_tokens + 1)
                 for i, r in enumerate(requests)]
 
-    monkeypatch.setattr(probes, "_bench", bench)
+    monkeypatch.setattr(probes, "bench_records", bench)
     pts = probes.probe_prefill("http://x", [100, 1000], repeats=3)
     assert [p.prefill_tokens for p in pts] == [101, 1001]
     assert all(p.samples == 3 and p.prefill_sq_tokens == p.prefill_tokens ** 2 for p in pts)
@@ -191,7 +191,7 @@ STALL_FIXED = 0.004              # a prefill's fixed cost inside a decode step (
 
 def test_calibrate_recovers_the_scripted_engine(monkeypatch):
     engine = _ScriptedEngine()
-    monkeypatch.setattr(probes, "_bench", engine)
+    monkeypatch.setattr(probes, "bench_records", engine)
     monkeypatch.setattr(probes, "server_context_tokens", lambda url: 2048)
     res = probes.calibrate("http://p", plan="smoke", meta={"note": "scripted"})
     assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
@@ -218,7 +218,7 @@ def test_calibrate_recovers_the_scripted_engine(monkeypatch):
 
 def test_calibrate_two_servers_probes_decode_there_and_records_contention(monkeypatch):
     engine = _ScriptedEngine()
-    monkeypatch.setattr(probes, "_bench", engine)
+    monkeypatch.setattr(probes, "bench_records", engine)
     measured = Contention(prompt_tokens=1024, decode_streams=16, prefill_alone_s=0.2, prefill_busy_s=0.22,
                           decode_alone_s=0.01, decode_busy_s=0.012, prefill=0.1, decode=0.2)
     monkeypatch.setattr(probes, "probe_contention", lambda url, decode_url, **kw: measured)
@@ -249,7 +249,7 @@ def _admission_engine(monkeypatch, *, cold_step_s: float, step_s: float, context
         step = cold_step_s if requests[0].output_tokens == 48 else step_s
         return [_stream(r.request_id, r.prompt_tokens, 0.05, step, r.output_tokens) for r in requests]
 
-    monkeypatch.setattr(probes, "_bench", bench)
+    monkeypatch.setattr(probes, "bench_records", bench)
     monkeypatch.setattr(probes, "server_context_tokens", lambda url: context)
     return calls
 
@@ -313,7 +313,7 @@ class _PairWithProxy:
 
 def test_contention_through_the_proxy_times_legs_while_streams_start_and_end(monkeypatch):
     pair = _PairWithProxy()
-    monkeypatch.setattr(probes, "_bench", pair)
+    monkeypatch.setattr(probes, "bench_records", pair)
     c = probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", repeats=3)
     assert c.prefill_alone_s == pytest.approx(0.1) and c.prefill_busy_s == pytest.approx(0.13)
     assert c.prefill == pytest.approx(0.3) and c.prefill_background == "1 renewed stream through the proxy"
@@ -337,7 +337,7 @@ def test_contention_through_a_proxy_without_the_leg_header_is_a_clear_error(monk
             r.extra.pop("prefill_leg_s", None)
         return recs
 
-    monkeypatch.setattr(probes, "_bench", no_header)
+    monkeypatch.setattr(probes, "bench_records", no_header)
     with pytest.raises(RuntimeError, match="X-Prefill-Seconds"):
         probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", repeats=1)
     with pytest.raises(ValueError, match="renewed_streams"):
@@ -393,7 +393,7 @@ def test_prefill_stall_probe_needs_streams_that_outlast_the_prompts(monkeypatch)
     settings are a ValueError, and the plan checks its own."""
     bench = _ScriptedBench([[_stream(0, 256, 0.1, 0.005, 20), RequestRecord(4, 1.0, 16, 1, 1.01, 1.01,
                                                                             token_times_s=[1.01])]])
-    monkeypatch.setattr(probes, "_bench", bench)
+    monkeypatch.setattr(probes, "bench_records", bench)
     with pytest.raises(RuntimeError, match="raise stream_tokens"):
         probes.probe_prefill_stall("http://x", [16], streams=1, stream_tokens=20, rounds=1)
     assert bench.calls[0][1] == [(256, 20), (16, 1)]

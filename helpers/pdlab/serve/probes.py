@@ -2,9 +2,9 @@
 
 Single prompts of L tokens with ``max_tokens=1`` give the prefill step time (their TTFT); N
 concurrent streams of P-token prompts with O output tokens give the decode step time at batch N
-(their token gaps while all N decode); single requests through a disaggregation proxy give the KV hand-off; and with two
-servers, each role's slowdown while the other works (:func:`probe_contention`) and what each
-handed-off request costs the streams already decoding (:func:`probe_admission`). All go through
+(their token gaps while all N decode). The probes of a pair (KV hand-off through a proxy, each role's
+slowdown while the other works, what a hand-off costs the running streams) are in
+:mod:`pdlab.serve.pair_probes` and re-exported here. All go through
 the course's benchmark client (:func:`pdlab.serve.client.bench.run_bench`) with random single-token-word
 prompts (no prefix-cache hits) and the server's own token counts. :func:`calibrate` runs a
 :class:`ProbePlan` and fits the result with the fit stage, :mod:`pdlab.simreal.fit`.
@@ -13,17 +13,15 @@ prompts (no prefix-cache hits) and the server's own token counts. :func:`calibra
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from pdlab.metrics import RequestRecord
-from pdlab.simreal.calibration import Admission, Calibration, Contention, PrefillStall, StepPoint
+from pdlab.simreal.calibration import Calibration, PrefillStall, StepPoint
 from pdlab.simreal.fit import (
-    admission_overhead_s,
-    contention_factor,
     fit_handoff,
     fit_prefill_stall,
     fit_profile,
@@ -36,7 +34,7 @@ T = TypeVar("T")
 
 __all__ = ["ProbePlan", "PROBE_PLANS", "probe_prefill", "probe_decode", "decode_window", "probe_handoff",
            "probe_contention", "while_running", "probe_admission", "prefill_stalls", "probe_prefill_stall", "calibrate",
-           "server_context_tokens", "server_kv_capacity_tokens"]
+           "server_context_tokens", "server_kv_capacity_tokens", "bench_records", "decoding_together", "mean_itl"]
 
 # ---------------------------------------------------------------------------------------------
 # Probe plans
@@ -108,7 +106,7 @@ class ProbePlan:
 #: machine), ``full`` (GPU servers, longer prompts and bigger batches).
 PROBE_PLANS: dict[str, ProbePlan] = {
     # smoke's decode pairs reach 16 streams of 256 tokens: at (1, 8) × (32, 128) a busy machine's noise
-    # could hide the batch cost altogether and leave a flat decode row (CI failed on one, stop 37)
+    # could hide the batch cost altogether and leave a flat decode row
     "smoke": ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 16), decode_prompts=(32, 256),
                        decode_tokens=16, handoff_lengths=(32, 512), repeats=1, decode_repeats=1,
                        max_probe_tokens=4096, prefill_passes=1, stall_per_length=2, stall_rounds=1),
@@ -123,8 +121,9 @@ PROBE_PLANS: dict[str, ProbePlan] = {
 # Probes (live)
 
 
-def _bench(url: str, requests: list[Request], *, seed: int, max_concurrency: int | None = None,
-           **kwargs: Any) -> list[RequestRecord]:
+def bench_records(url: str, requests: list[Request], *, seed: int, max_concurrency: int | None = None,
+                  **kwargs: Any) -> list[RequestRecord]:
+    """``requests`` sent to ``url`` by the course's benchmark client; RuntimeError if any failed."""
     from pdlab.serve.client.bench import run_bench
 
     res = run_bench(url, requests, progress=False, seed=seed, max_concurrency=max_concurrency, **kwargs)
@@ -144,7 +143,7 @@ def probe_prefill(url: str, lengths: Sequence[int], *, repeats: int = 3, seed: i
     order = [int(x) for x in lengths for _ in range(repeats)]
     np.random.default_rng(seed).shuffle(order)
     reqs = [Request(i, 0.0, n, 1) for i, n in enumerate(order)]
-    recs = _bench(url, reqs, seed=seed, max_concurrency=1, **bench_kwargs)
+    recs = bench_records(url, reqs, seed=seed, max_concurrency=1, **bench_kwargs)
     by_len: dict[int, list[RequestRecord]] = {}
     for rec in recs:
         by_len.setdefault(rec.prompt_tokens, []).append(rec)
@@ -170,13 +169,13 @@ def _window_gaps(rec: RequestRecord, start_s: float, end_s: float) -> tuple[np.n
     return times[k + 1] - times[k], k
 
 
-def _mean_itl(records: Sequence[RequestRecord], start_s: float, end_s: float) -> tuple[float, int]:
+def mean_itl(records: Sequence[RequestRecord], start_s: float, end_s: float) -> tuple[float, int]:
     """Mean gap between consecutive tokens of ``records`` whose both ends lie in [start_s, end_s] (s), count."""
     gaps = np.concatenate([_window_gaps(rec, start_s, end_s)[0] for rec in records])
     return (float(gaps.mean()) if len(gaps) else float("nan")), int(len(gaps))
 
 
-def _decoding_together(url: str, b: int, p: int, output_tokens: int, *, seed: int, attempts: int = 3,
+def decoding_together(url: str, b: int, p: int, output_tokens: int, *, seed: int, attempts: int = 3,
                        **bench_kwargs: Any) -> tuple[list[float], list[float]]:
     """Token gaps (s) of ``b`` concurrent ``p``-token streams while all decode, and each gap's
     context (prompt + k tokens). A run whose gaps add up to 0 s — the client was descheduled and
@@ -184,7 +183,7 @@ def _decoding_together(url: str, b: int, p: int, output_tokens: int, *, seed: in
     ``attempts`` times, then a RuntimeError names the problem (a 0 s step would reach the fit)."""
     for attempt in range(attempts):
         reqs = [Request(j, 0.0, int(p), int(output_tokens)) for j in range(int(b))]
-        recs = _bench(url, reqs, seed=seed + 7919 * attempt, **bench_kwargs)
+        recs = bench_records(url, reqs, seed=seed + 7919 * attempt, **bench_kwargs)
         start, end = decode_window(recs)
         gaps: list[float] = []
         ctx: list[float] = []
@@ -209,13 +208,13 @@ def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: i
     never enter. ``decode_ctx_tokens`` = b × the mean context of those steps: the gap from token
     k to k + 1 (k from 0) is the step that reads p + k tokens (the simulator's accounting,
     :mod:`pdlab.sim.engine`). A repeat the client read in one burst is sent again
-    (:func:`_decoding_together`).
+    (:func:`decoding_together`).
     """
     points = []
     for i, (b, p) in enumerate(pairs):
         gaps, ctx = [], []
         for r in range(repeats):
-            g, c = _decoding_together(url, b, p, output_tokens, seed=seed + 1000 * i + r, **bench_kwargs)
+            g, c = decoding_together(url, b, p, output_tokens, seed=seed + 1000 * i + r, **bench_kwargs)
             gaps += g
             ctx += c
         if len(gaps) < 2 * int(b):
@@ -224,34 +223,6 @@ def probe_decode(url: str, pairs: Sequence[tuple[int, int]], *, output_tokens: i
         points.append(StepPoint.decode(int(b), float(b * np.mean(ctx)), float(np.mean(gaps)), samples=len(gaps),
                                        prompt_tokens=int(p)))
     return points
-
-
-def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, seed: int = 0,
-                  **bench_kwargs: Any) -> list[dict[str, float]]:
-    """TTFT through a disaggregation proxy of single prompts, ``max_tokens=1``: ``{"tokens", "ttft_s",
-    "samples"}`` per length (medians), with ``"prefill_leg_s"`` (the median of the proxy's
-    ``X-Prefill-Seconds``, s) where every request of the length carried one.
-
-    Through the proxy a request is prefilled (one token, discarded), its KV is handed to the
-    decode server, which generates the first token the client sees. Subtracting the prefill leg
-    (or, without one, the fitted prefill) and one decode step (:func:`fit_handoff`) leaves the
-    hand-off: proxy, KV transfer, decode-side work.
-    """
-    order = [int(x) for x in lengths for _ in range(repeats)]
-    np.random.default_rng(seed).shuffle(order)
-    reqs = [Request(i, 0.0, n, 1) for i, n in enumerate(order)]
-    recs = _bench(proxy_url, reqs, seed=seed + 7, max_concurrency=1, **bench_kwargs)
-    by_len: dict[int, list[RequestRecord]] = {}
-    for rec in recs:
-        by_len.setdefault(rec.prompt_tokens, []).append(rec)
-    rows = []
-    for _, g in sorted(by_len.items()):
-        row = {"tokens": int(np.median([server_prompt_tokens(r) for r in g])),
-               "ttft_s": float(np.median([r.ttft_s for r in g])), "samples": len(g)}
-        if all("prefill_leg_s" in r.extra for r in g):
-            row["prefill_leg_s"] = float(np.median([r.extra["prefill_leg_s"] for r in g]))
-        rows.append(row)
-    return rows
 
 
 def prefill_stalls(records: Sequence[RequestRecord], injected_ids: Sequence[int | str], *,
@@ -318,198 +289,12 @@ def probe_prefill_stall(url: str, lengths: Sequence[int], *, streams: int = 4, s
         reqs = [Request(j, 0.0, int(stream_prompt), int(stream_tokens)) for j in range(streams)]
         order = [int(x) for x in rng.permutation(np.asarray(lengths))]
         reqs += [Request(streams + i, start_s + i * spacing_s, p, 1) for i, p in enumerate(order)]
-        recs = _bench(url, reqs, seed=seed + 31 * k, **bench_kwargs)
+        recs = bench_records(url, reqs, seed=seed + 31 * k, **bench_kwargs)
         rows += prefill_stalls(recs, [r.request_id for r in reqs[streams:]])
     if not rows:
         raise RuntimeError(f"prefill stall probe: the {streams} streams of {stream_tokens} tokens ended before any "
                            "prefill could be timed; raise stream_tokens")
     return rows
-
-
-def while_running(background: Callable[[int], Any], measure: Callable[[], T], *, settle_s: float = 0.5,
-                  first_tag: int = 100, join_timeout_s: float = 120.0, label: str = "measurement") -> T:
-    """``measure()``, started ``settle_s`` after ``background(tag)`` began running in a loop on a thread
-    (``tag`` = ``first_tag``, ``first_tag`` + 1, …: a seed offset per round, so no prompt repeats). The
-    loop ends after the round under way when ``measure`` returns; an exception in the background is
-    raised here (RuntimeError naming ``label`` and it), after the thread ended."""
-    import threading
-
-    stop, errors = threading.Event(), []
-
-    def loop() -> None:
-        k = first_tag
-        while not stop.is_set():
-            try:
-                background(k)
-            except Exception as exc:  # noqa: BLE001 - re-raised below, after the thread ends
-                errors.append(exc)
-                return
-            k += 1
-
-    worker = threading.Thread(target=loop, daemon=True)
-    worker.start()
-    try:
-        time.sleep(settle_s)   # the background work is under way
-        return measure()
-    finally:
-        stop.set()
-        worker.join(timeout=join_timeout_s)
-        if errors:
-            raise RuntimeError(f"{label}: background load failed: {errors[0]}") from errors[0]
-
-
-def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 1024, repeats: int = 3,
-                     decode_streams: int = 16, decode_prompt: int = 256, decode_tokens: int = 48, seed: int = 0,
-                     proxy_url: str | None = None, renewed_streams: int = 1, **bench_kwargs: Any) -> Contention:
-    """How much each role slows down while the other one works (two servers on one host).
-
-    Prefill: the median TTFT of ``repeats`` single ``prompt_tokens``-token prompts, alone and
-    while ``decode_streams`` streams decode on ``decode_url``. Decode: the decode step of
-    ``decode_streams`` streams (their mean token gap while all decode, as :func:`probe_decode`),
-    alone and while prompts are prefilled back to back on ``prefill_url``. Returns a
-    :class:`~pdlab.simreal.calibration.Contention`: the times (s) and ``prefill``/``decode`` = max(0, busy/alone − 1):
-    the simulator's ``InstanceSpec.cpu_contention`` of each role (an iteration takes
-    ``1 + cpu_contention`` times as long while the other instance is busy). Measured, not fitted:
-    on the course's 2-core CPU the roles are pinned to a core each but share the last-level
-    cache, memory bandwidth and the cores' other processes (API servers, proxy, client).
-
-    With ``proxy_url`` (the pair's proxy) the prefill side is measured as a workload meets it: the
-    proxy's prefill legs (``X-Prefill-Seconds``) of the same prompts sent through it, alone and
-    while ``renewed_streams`` short streams at a time (16-token prompts, 64 tokens) go through the
-    proxy, each replaced as it ends. On the course's CPU pair (AMD EPYC type) a stream slows a
-    prefill in its first second or two (c_p 0.21 half a second after it was sent, 0.00 after 2.5 s),
-    so streams that keep starting, as a workload's do, slow it steadily (0.21–0.33 by run), and the
-    old background of 16 streams at once landed in either of its phases (0.03–0.85):
-    ``benchmarks/contention_phase.py``.
-    """
-    def prefills(tag: int) -> float:
-        reqs = [Request(i, 0.0, int(prompt_tokens), 1) for i in range(repeats)]
-        recs = _bench(proxy_url or prefill_url, reqs, seed=seed + tag, max_concurrency=1, **bench_kwargs)
-        if proxy_url is None:
-            return float(np.median([r.ttft_s for r in recs]))
-        legs = [r.extra.get("prefill_leg_s") for r in recs]
-        if any(leg is None for leg in legs):
-            raise RuntimeError(f"contention probe: {proxy_url} answered without X-Prefill-Seconds; "
-                               "probe without proxy_url, or through the course proxy")
-        return float(np.median(legs))
-
-    def renewed(tag: int) -> None:
-        # 8 per stream: one client call lasts seconds, so the timed prefills never meet a call's start
-        reqs = [Request(j, 0.0, 16, 64) for j in range(8 * int(renewed_streams))]
-        _bench(proxy_url, reqs, seed=seed + tag, max_concurrency=int(renewed_streams), **bench_kwargs)
-
-    def decodes(tag: int) -> float:
-        gaps, _ = _decoding_together(decode_url, decode_streams, decode_prompt, decode_tokens, seed=seed + tag,
-                                     **bench_kwargs)
-        if not gaps:
-            raise RuntimeError("contention probe: the decode streams never decoded together; raise decode_tokens")
-        return float(np.mean(gaps))
-
-    if proxy_url is not None and renewed_streams < 1:
-        raise ValueError(f"renewed_streams must be >= 1, got {renewed_streams}")
-    prefill_alone = prefills(1)
-    prefill_busy = while_running(renewed if proxy_url else decodes, lambda: prefills(50), label="contention probe")
-    decode_alone = decodes(2)
-    decode_busy = while_running(lambda tag: _bench(prefill_url, [Request(i, 0.0, int(prompt_tokens), 1)
-                                                                 for i in range(repeats)], seed=seed + tag,
-                                                   max_concurrency=1, **bench_kwargs), lambda: decodes(50),
-                                label="contention probe")
-    background = (f"{renewed_streams} renewed stream{'s' if renewed_streams > 1 else ''} through the proxy"
-                  if proxy_url else f"{decode_streams} streams decoding")
-    return Contention(prompt_tokens=int(prompt_tokens), decode_streams=int(decode_streams),
-                      prefill_alone_s=prefill_alone, prefill_busy_s=prefill_busy,
-                      decode_alone_s=decode_alone, decode_busy_s=decode_busy,
-                      prefill=contention_factor(prefill_alone, prefill_busy),
-                      decode=contention_factor(decode_alone, decode_busy), prefill_background=background)
-
-
-def _stream_tokens(need_s: float, step_s: float, most: int | None) -> int:
-    """Output tokens that keep a stream decoding ``need_s`` at ``step_s`` a step, at most ``most``."""
-    tokens = int(np.ceil(need_s / step_s)) + 8
-    return min(tokens, most) if most else tokens
-
-
-def _span_s(records: Sequence[RequestRecord]) -> float:
-    """Seconds from a run's first send to its last finish."""
-    return max(r.finish_s or 0.0 for r in records) - min(r.arrival_s for r in records)
-
-
-def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream_prompt: int = 256,
-                    side_prompt: int = 16, side_requests: int = 12, period_s: float = 0.4, seed: int = 0,
-                    **bench_kwargs: Any) -> Admission:
-    """Seconds each request handed off through the proxy takes from the streams already decoding.
-
-    ``streams`` streams of ``stream_prompt``-token prompts decode on ``decode_url``: alone, then
-    while ``side_requests`` ``side_prompt``-token prompts (``max_tokens=1``) arrive through the
-    proxy one every ``period_s``, then alone again. If each arrival stretches one decode step by
-    ``F`` seconds, the mean inter-token gap during the side traffic is m1 = m0·T/(T − F), so
-    F = T·(1 − m0/m1), with m0 the mean of the two runs alone (bracketing drift). Short side
-    prompts keep the prefill role's own contention out (a 16-token prefill is a few ms), so F is
-    the per-request work on the decode role's cores that a step-time model does not see: the
-    decode API server's HTTP and tokenisation of the prompt, the connector's bookkeeping, and on
-    a shared CPU the proxy's and the client's work. Returns an :class:`~pdlab.simreal.calibration.Admission`:
-    the times (s), F (``raw_overhead_s``) and ``overhead_s`` = max(0, F): the simulator's
-    ``InstanceSpec.admit_overhead_s``.
-    """
-    import threading
-
-    first = _bench(decode_url, [Request(i, 0.0, int(stream_prompt), 48) for i in range(streams)], seed=seed,
-                   **bench_kwargs)
-    alone0, _ = _mean_itl(first, *decode_window(first))
-    if not np.isfinite(alone0):
-        raise RuntimeError("admission probe: no decode stream produced more than one token")
-    context = server_context_tokens(decode_url)
-    most_tokens = context - int(stream_prompt) - 8 if context else None
-
-    def streams_run(tag: int) -> list[RequestRecord]:
-        return _bench(decode_url, [Request(i, 0.0, int(stream_prompt), tokens) for i in range(streams)],
-                      seed=seed + tag, **bench_kwargs)
-
-    # The streams must outlast the side traffic (it starts 0.5 s in) with a margin. The first run's
-    # 48 tokens can overstate the step (a cold first step weighs on so few), so the first full-length
-    # run is timed too and, if it ended early, the streams are lengthened by what it fell short;
-    # where the context caps them, fewer side requests are sent, not fewer than 3.
-    need_s = side_requests * period_s + 2.0
-    tokens = _stream_tokens(need_s, alone0, most_tokens)
-    before = streams_run(1)
-    lasted = _span_s(before)
-    if lasted < need_s:
-        tokens = _stream_tokens(need_s * 1.2, lasted / max(tokens, 1), most_tokens)
-        before = streams_run(4)
-        lasted = _span_s(before)
-    if lasted < need_s:
-        side_requests = max(3, min(side_requests, int((lasted - 2.0) / period_s)))
-    span = side_requests * period_s
-
-    side: list[RequestRecord] = []
-    errors: list[BaseException] = []
-
-    def side_traffic() -> None:
-        reqs = [Request(i, 0.5 + i * period_s, int(side_prompt), 1) for i in range(side_requests)]
-        try:
-            side.extend(_bench(proxy_url, reqs, seed=seed + 77, **bench_kwargs))
-        except Exception as exc:  # noqa: BLE001 - re-raised below, after the thread ends
-            errors.append(exc)
-
-    worker = threading.Thread(target=side_traffic, daemon=True)
-    worker.start()
-    busy = streams_run(2)
-    worker.join(timeout=120)
-    after = streams_run(3)
-    if errors or len(side) != side_requests:
-        why = errors[0] if errors else f"{len(side)} of {side_requests} side requests ran"
-        raise RuntimeError(f"admission probe: side requests through {proxy_url} failed: {why}")
-    first_side = min(r.arrival_s for r in side)
-    window_end = first_side + span
-    if max(r.finish_s or 0.0 for r in busy) < window_end:
-        raise RuntimeError("admission probe: the decode streams ended before the side traffic; raise side_requests "
-                           "or lower period_s")
-    m_busy, n_busy = _mean_itl(busy, first_side, window_end)
-    m_alone = float(np.nanmean([_mean_itl(run, *decode_window(run))[0] for run in (before, after)]))
-    overhead = admission_overhead_s(period_s, m_alone, m_busy)
-    return Admission(streams=int(streams), stream_prompt=int(stream_prompt), side_prompt=int(side_prompt),
-                     side_requests=int(side_requests), period_s=float(period_s), itl_alone_s=m_alone,
-                     itl_busy_s=m_busy, gaps_busy=n_busy, raw_overhead_s=overhead, overhead_s=max(0.0, overhead))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -618,3 +403,7 @@ def server_kv_capacity_tokens(url: str, default: int | None = None) -> int:
     if default is None:
         raise ValueError(f"{url}/metrics has no vllm:cache_config_info with num_gpu_blocks and block_size")
     return default
+
+
+# The pair probes live in pdlab.serve.pair_probes; calibrate() calls them by these names.
+from pdlab.serve.pair_probes import probe_admission, probe_contention, probe_handoff, while_running  # noqa: E402
