@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,7 +50,7 @@ import numpy as np
 from pdlab.hardware import get_link
 from pdlab.metrics import SLO
 from pdlab.models import get_model, kv_bytes_per_token
-from pdlab.paths import repo_root
+from pdlab.paths import peers_venv
 from pdlab.sim.cluster import build_simulator
 from pdlab.sim.latency import LatencyModel, kv_capacity_tokens, roofline_latency
 from pdlab.workloads import Request
@@ -151,7 +150,7 @@ class PeerSettings:
 
 def peers_python(root: str | Path | None = None) -> Path | None:
     """The peers environment's python (``$PDLAB_PEERS_VENV`` or ``<repo>/.venv-peers``), or None."""
-    venv = Path(os.environ.get("PDLAB_PEERS_VENV") or Path(root or repo_root()) / ".venv-peers")
+    venv = Path(root) / ".venv-peers" if root else peers_venv()
     py = venv / "bin" / "python"
     return py if py.exists() else None
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdlab.paths import build_dir, repo_root
+from pdlab.paths import build_dir, peers_venv
 from pdlab.process import ManagedProcess, ServerStartError, check_port_free, spawn
 
 __all__ = [
@@ -82,13 +82,9 @@ class DynamoMissingError(FileNotFoundError):
     """The ``ai-dynamo`` package is not installed in the course's peers environment."""
 
 
-def _peers_venv() -> Path:
-    return Path(os.environ.get("PDLAB_PEERS_VENV") or repo_root() / ".venv-peers")
-
-
 def find_dynamo_python() -> Path:
     """The Python of the peers environment that has ``dynamo.frontend`` and ``dynamo.mocker`` (no import: fast)."""
-    venv = _peers_venv()
+    venv = peers_venv()
     python = venv / "bin" / "python"
     found = [p for p in venv.glob("lib/python*/site-packages/dynamo")
              if (p / "frontend" / "__main__.py").is_file() and (p / "mocker" / "__main__.py").is_file()]

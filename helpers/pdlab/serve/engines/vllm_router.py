@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pdlab.paths import build_dir, repo_root
+from pdlab.paths import build_dir, peers_venv
 from pdlab.process import ManagedProcess, ServerStartError, check_port_free, spawn, wait_http_ok
 
 __all__ = ["RouterMissingError", "find_vllm_router", "start_vllm_router", "VLLMRouter", "idle_cpu_fraction"]
@@ -34,7 +34,7 @@ class RouterMissingError(FileNotFoundError):
 
 def find_vllm_router() -> Path:
     """Path of the ``vllm-router`` binary: ``$PDLAB_PEERS_VENV/bin``, ``<repo>/.venv-peers/bin``, then ``PATH``."""
-    venv = Path(os.environ.get("PDLAB_PEERS_VENV") or repo_root() / ".venv-peers")
+    venv = peers_venv()
     candidate = venv / "bin" / "vllm-router"
     if candidate.is_file() and os.access(candidate, os.X_OK):
         return candidate
