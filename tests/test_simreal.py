@@ -787,6 +787,23 @@ def test_fit_on_run_brings_a_slow_probe_to_the_run_and_held_out_rates_follow():
         heldout_validation(Calibration(TRUE), {2.0: live[2.0]}, "colocated")
 
 
+def test_a_run_where_nearly_every_request_queues_keeps_the_front_end_delay():
+    """At a rate so high that fewer than 3 requests met no prefill queue, the run fit cannot tell the
+    front end's delay from the queue: it keeps the calibration's delay and says so, instead of failing
+    the whole held-out loop; at a moderate rate the delay is refitted."""
+    from pdlab.simreal.runfit import prefill_quiet_requests, refit_front_end_on_run
+
+    truth = Calibration(TRUE, run_fit=RunFit(front_end_s=0.005))
+    jammed = _rates_run(truth, rates=(400.0,), n=60)[400.0]
+    assert len(prefill_quiet_requests(jammed)) < 3
+    start = Calibration(TRUE, run_fit=RunFit(front_end_s=0.002))
+    kept = refit_front_end_on_run(start, jammed, "colocated")
+    assert kept.run_fit.front_end_s == 0.002
+    assert kept.latency.meta["fit"]["front_end"]["source"].startswith("not refitted")
+    calm = _rates_run(truth, rates=(2.0,), n=60)[2.0]
+    assert refit_front_end_on_run(start, calm, "colocated").run_fit.front_end_s == pytest.approx(0.005, abs=5e-4)
+
+
 def test_host_floor_from_repeated_blocks_and_a_perfect_models_chance():
     """Blocks of one rate that repeat exactly leave a perfect model no error (chance 1); blocks
     whose decode level moves by 20 % between them give a TPOT scatter of about 20 % and a chance

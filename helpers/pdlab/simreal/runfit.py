@@ -317,8 +317,15 @@ def refit_front_end_on_run(cal: Calibration, records: Sequence[RequestRecord], m
     replay (``mode``, ``sim_options``) gives them, never below 0: the run fit's ``front_end_s``.
     What a loaded server adds before a quiet request's first token is a fixed delay outside the
     engine (its front end serves the other requests' streams meanwhile), not slower prefill
-    compute, so it delays that request alone. Raises ValueError with fewer than ``min_requests``
-    quiet requests."""
+    compute, so it delays that request alone. A run with fewer than ``min_requests`` quiet requests
+    (a rate high enough that nearly every request queues) cannot show the delay apart from the
+    queue: ``cal``'s delay is kept and ``latency.meta["fit"]["front_end"]`` says it was not refitted."""
+    quiet = len(prefill_quiet_requests(records))
+    if quiet < min_requests:
+        kept = cal.run_fit.front_end_s if cal.run_fit else 0.0
+        return _noted(cal, "front_end", {"delay_s": kept, "requests": quiet,
+                                         "source": f"not refitted: {quiet} requests met no prefill queue "
+                                                   f"(< {min_requests}); the calibration's delay is kept"})
     pairs = _quiet_replay_pairs(_with_front_end(cal, 0.0), records, mode, min_requests, **sim_options)
     gaps = [r.ttft_s - sim.ttft_s for r, sim in pairs]
     delay = max(0.0, float(np.median(gaps)))
