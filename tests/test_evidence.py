@@ -33,3 +33,12 @@ def test_largest_hit_share_is_the_warmest_server_and_idle_servers_do_not_count()
     after = {"p": _snapshot(1100, 0, 1100), "d": _snapshot(1100, 300, 800), "idle": _snapshot(50, 0, 50)}
     assert largest_hit_share(before, after) == pytest.approx(0.3)
     assert math.isnan(largest_hit_share({"idle": before["idle"]}, {"idle": after["idle"]}))
+
+
+def test_kv_capacity_tokens_reads_cache_config_info_labels():
+    """num_gpu_blocks × block_size of vllm:cache_config_info; None when absent or not integers."""
+    info = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="512"} 1.0\n'
+    assert MetricsSnapshot.from_text(info).kv_capacity_tokens() == 8192
+    assert MetricsSnapshot.from_text("vllm:num_requests_waiting 3.0\n").kv_capacity_tokens() is None
+    bad = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="many"} 1.0\n'
+    assert MetricsSnapshot.from_text(bad).kv_capacity_tokens() is None

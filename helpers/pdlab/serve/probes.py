@@ -384,22 +384,17 @@ def server_context_tokens(url: str) -> int | None:
 
 
 def server_kv_capacity_tokens(url: str, default: int | None = None) -> int:
-    """KV tokens a vLLM server holds: ``num_gpu_blocks × block_size`` from ``vllm:cache_config_info``."""
-    import urllib.request
-
-    from pdlab.serve.measure.evidence import parse_prometheus
+    """KV tokens a vLLM server holds: ``num_gpu_blocks × block_size`` from ``vllm:cache_config_info``
+    (:meth:`~pdlab.serve.measure.evidence.MetricsSnapshot.kv_capacity_tokens`); ``default`` when the
+    server does not say, ValueError without one."""
+    from pdlab.serve.measure.evidence import scrape_metrics
 
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as resp:
-            samples = parse_prometheus(resp.read().decode("utf-8", "replace"))
+        tokens = scrape_metrics(url, timeout_s=10).kv_capacity_tokens()
     except OSError:
-        samples = []
-    for name, labels, _ in samples:
-        if name in ("vllm:cache_config_info", "vllm_cache_config_info"):
-            try:
-                return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
-            except (KeyError, ValueError):
-                break
+        tokens = None
+    if tokens is not None:
+        return tokens
     if default is None:
         raise ValueError(f"{url}/metrics has no vllm:cache_config_info with num_gpu_blocks and block_size")
     return default

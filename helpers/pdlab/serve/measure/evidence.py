@@ -57,6 +57,18 @@ class MetricsSnapshot:
         names = {name, name.replace("vllm:", "vllm_")}
         return any(n in names for n, _, _ in self.samples)
 
+    def kv_capacity_tokens(self) -> int | None:
+        """KV tokens the engine holds, ``num_gpu_blocks × block_size`` of ``vllm:cache_config_info``'s
+        labels; None when the scrape has no such sample or its labels are not integers."""
+        for n, lbl, _ in self.samples:
+            if n in ("vllm:cache_config_info", "vllm_cache_config_info"):
+                labels = dict(lbl)
+                try:
+                    return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+                except (KeyError, ValueError):
+                    return None
+        return None
+
 
 def scrape_metrics(base_url: str, timeout_s: float = 10.0) -> MetricsSnapshot:
     """GET ``{base_url}/metrics`` and parse it."""

@@ -36,18 +36,6 @@ __all__ = ["PrefillModel", "EngineState", "AdmissionDecision", "TTFTAdmission", 
 log = logging.getLogger(__name__)
 
 
-def _kv_tokens(snapshot: MetricsSnapshot) -> int | None:
-    """Decode KV-cache size in tokens from ``vllm:cache_config_info`` (None when absent)."""
-    for name, labels, _ in snapshot.samples:
-        if name in ("vllm:cache_config_info", "vllm_cache_config_info"):
-            lbl = dict(labels)
-            try:
-                return int(lbl["num_gpu_blocks"]) * int(lbl["block_size"])
-            except (KeyError, ValueError):
-                return None
-    return None
-
-
 def engine_state_from_metrics(prefill: MetricsSnapshot, decode: MetricsSnapshot, at_s: float) -> EngineState:
     """One :class:`EngineState` from a prefill and a decode scrape; ValueError names a missing metric."""
     for snap, role, name in ((prefill, "prefill", "vllm:num_requests_waiting"),
@@ -57,7 +45,7 @@ def engine_state_from_metrics(prefill: MetricsSnapshot, decode: MetricsSnapshot,
             raise ValueError(f"the {role} engine's /metrics has no {name}")
     return EngineState(at_s, int(prefill.total("vllm:num_requests_waiting")),
                        int(prefill.total("vllm:num_requests_running")),
-                       min(max(decode.total("vllm:kv_cache_usage_perc"), 0.0), 1.0), _kv_tokens(decode))
+                       min(max(decode.total("vllm:kv_cache_usage_perc"), 0.0), 1.0), decode.kv_capacity_tokens())
 
 
 class MetricsPoller:
