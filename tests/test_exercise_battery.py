@@ -555,6 +555,10 @@ def number_spellings(value: float) -> set[str]:
     return {s for s in out if len(s.replace(",", "").replace(".", "").lstrip("-0")) >= 3}
 
 
+def _significant_digits(spelling: str) -> int:
+    return len(spelling.replace(",", "").replace("%", "").replace("-", "").replace(".", "").lstrip("0"))
+
+
 def _page_text(nb) -> str:
     parts = []
     for cell in nb.cells:
@@ -577,6 +581,25 @@ def test_number_spellings():
     assert "15.73" in number_spellings(15.7286)
     assert "31,104" in number_spellings(31104)
     assert number_spellings(7) == set()
+    assert _significant_digits("48.3") == 3 and _significant_digits("47.77") == 4
+    assert _significant_digits("0.2298") == 4 and _significant_digits("31,104") == 5
+
+
+def test_a_measured_answer_leaks_only_at_four_digits(tmp_path):
+    """lab 07's Exercise 2 is a mean TTFT in ms, the unit the lab's tables print at one decimal: a
+    12-request run's subset mean matched a table figure by chance in CI. A "measured" answer is
+    read at 4 significant digits; a "value" answer still at 3."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('table')", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="TTFT p90 48.3 ms\nfirst turns 13.71 ms\n")])]
+    path = tmp_path / "page.ipynb"
+    nbformat.write(nb, path)
+    log = tmp_path / "expected.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in [
+        {"exercise": "chance", "expected": 48.3012, "kind": "measured"},
+        {"exercise": "leak", "expected": 13.7061, "kind": "measured"},
+        {"exercise": "value", "expected": 48.3012, "kind": "value"}]))
+    assert expected_values_on_the_page(path, log) == ["leak: 13.71", "value: 48.3"]
 
 
 def expected_values_on_the_page(executed_nb_path, expected_log) -> list[str]:
@@ -592,7 +615,10 @@ def expected_values_on_the_page(executed_nb_path, expected_log) -> list[str]:
         if row.get("kind") == "choice" or isinstance(row["expected"], bool) \
                 or not isinstance(row["expected"], int | float):
             continue
-        for s in number_spellings(row["expected"]):
+        spellings = number_spellings(row["expected"])
+        if row.get("kind") == "measured":
+            spellings = {s for s in spellings if _significant_digits(s) >= 4}
+        for s in spellings:
             if re.search(rf"(?<![\d.,]){re.escape(s)}(?![\d])", page):
                 leaks.append(f"{row['exercise']}: {s}")
     return leaks

@@ -62,8 +62,11 @@ def report(result: CheckResult) -> CheckResult:
 def record_expected(exercise: str, expected: Any, kind: str = "value") -> None:
     """Append ``expected`` to the file named by ``PDLAB_EXPECTED_LOG`` (no-op when it is unset).
 
-    ``kind`` is "value" for a computed answer and "choice" for an answer picked from options the
-    page lists on purpose (a row of a table): only values must stay off the page."""
+    ``kind`` is "value" for a computed answer, "choice" for an answer picked from options the
+    page lists on purpose (a row of a table), and "measured" for a statistic of a live run in the
+    unit the lab's tables print at one decimal (ms): the leak check reads a "measured" answer at
+    4 significant digits, because a small run's subset mean matches one of the dozens of
+    one-decimal figures on the page by chance."""
     path = os.environ.get(EXPECTED_LOG_ENV)
     if not path:
         return
