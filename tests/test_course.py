@@ -139,3 +139,24 @@ def test_course_kernels_run_encrypted(tmp_path, capfd, monkeypatch, policy):
     warned = "without encryption" in capfd.readouterr().err
     encrypted = policy == "required"
     assert f"curve keys: {encrypted}" in printed and warned is not encrypted
+
+
+def test_readme_course_map_gives_each_units_measured_ci_minutes():
+    """The README's course map lists every unit of the map with the ``ci min`` that
+    ``data/course/ci_times.csv`` gives (notebook 00 prints the same column from ``course_map``)."""
+    minutes = {row["id"]: row["ci minutes"] for row in course.course_map()}
+    assert "not measured" not in minutes.values(), f"units without a ci time: {minutes}"
+    readme = (repo_root() / "README.md").read_text(encoding="utf-8")
+    table = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[2] in ("core", "optional"):
+            table[cells[0]] = cells[3]
+    assert table == minutes, f"README's ci min column differs from ci_times.csv: {table} vs {minutes}"
+
+
+def test_ci_minutes_formats_one_run_and_a_range(tmp_path):
+    (tmp_path / "data" / "course").mkdir(parents=True)
+    (tmp_path / "data" / "course" / "ci_times.csv").write_text(
+        "# comment\nunit,ci_seconds_low,ci_seconds_high,runs\n00,12,12,1\nlab01,355.1,586,2\n")
+    assert course.ci_minutes(tmp_path) == {"00": "0.2", "lab01": "5.9–9.8"}

@@ -10,6 +10,7 @@ Cells tagged ``solution`` are dropped from the copy.
 from __future__ import annotations
 
 import copy
+import csv
 import hashlib
 import json
 import re
@@ -22,6 +23,7 @@ from pdlab.paths import repo_root
 
 __all__ = [
     "KERNEL_NAME",
+    "ci_minutes",
     "SECTIONS",
     "student_copy",
     "build",
@@ -239,13 +241,28 @@ COURSE_MAP: list[tuple[str, str, str]] = [
 ]
 
 
+def ci_minutes(root: Path | None = None) -> dict[str, str]:
+    """unit → the minutes its solution took in profile ``ci`` on a 2-core CPU machine, as the README and
+    notebook 00 print it ("0.4", or "5.9–9.8" over several runs), from ``data/course/ci_times.csv``."""
+    path = (root or repo_root()) / "data" / "course" / "ci_times.csv"
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    out = {}
+    for row in rows:
+        lo, hi = float(row["ci_seconds_low"]) / 60, float(row["ci_seconds_high"]) / 60
+        out[row["unit"]] = f"{lo:.1f}" if round(lo, 1) == round(hi, 1) else f"{lo:.1f}–{hi:.1f}"
+    return out
+
+
 def course_map(root: Path | None = None) -> list[dict]:
-    """The course map with the path of each solution and whether it exists yet."""
+    """The course map: each unit's solution path, whether it exists yet, and its ``ci`` minutes
+    (:func:`ci_minutes`; "not measured" for a unit without a row)."""
     root = root or repo_root()
+    minutes = ci_minutes(root)
     rows = []
     for ident, stem, about in COURSE_MAP:
         section = "labs" if ident.startswith("lab") else "notebooks"
         path = root / "solutions" / section / f"{stem}.ipynb"
         rows.append({"id": ident, "notebook": f"{section}/{stem}.ipynb", "teaches and measures": about,
-                     "present": path.exists()})
+                     "present": path.exists(), "ci minutes": minutes.get(ident, "not measured")})
     return rows
