@@ -97,6 +97,21 @@ def test_local_vs_global():
         local_vs_global_hit_ratio(reqs, 3, 10, assignment="nope")
 
 
+def test_local_hit_ratio_of_a_measured_assignment():
+    """One instance index per request, as a live router chose them: all of a conversation on one
+    instance finds what best_match finds; alternating instances re-prefills each prefix once more."""
+    reqs = [req(1024, [k % 2, 100 + k % 2]) for k in range(8)]  # two conversations, interleaved
+    affine, glob = local_vs_global_hit_ratio(reqs, 2, None, assignment=[k % 2 for k in range(8)])
+    best, _ = local_vs_global_hit_ratio(reqs, 2, None, assignment="best_match")
+    assert affine.ratio == pytest.approx(glob.ratio) == pytest.approx(best.ratio) == pytest.approx(6 / 8)
+    crossed, _ = local_vs_global_hit_ratio(reqs, 2, None, assignment=[(k // 2) % 2 for k in range(8)])
+    assert crossed.ratio == pytest.approx(4 / 8)
+    with pytest.raises(ValueError, match="one instance in 0..1 per request"):
+        local_vs_global_hit_ratio(reqs, 2, None, assignment=[0, 1, 2, 0, 1, 0, 1, 0])
+    with pytest.raises(ValueError, match="one instance in 0..1 per request"):
+        local_vs_global_hit_ratio(reqs, 2, None, assignment=[0, 1])
+
+
 def test_trace_stats_conversation(capsys):
     assert main(["trace", "stats", str(TRACE), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

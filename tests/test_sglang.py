@@ -38,6 +38,9 @@ def test_router_argv_pairs_prefill_urls_with_bootstrap_ports():
     i = argv.index("--prefill")
     assert argv[i:i + 5] == ["--prefill", "http://a", "8998", "--prefill", "http://b"]
     assert argv[argv.index("--decode") + 1] == "http://c" and argv[argv.index("--prometheus-port") + 1] == "29000"
+    assert "--prefill-policy" not in argv
+    cache = router_argv(1, [], [], prefill_policy="cache_aware")
+    assert cache[cache.index("--prefill-policy") + 1] == "cache_aware" and cache[cache.index("--policy") + 1] == "round_robin"
 
 
 def test_gpu_commands_are_copyable_shell_lines():
@@ -159,3 +162,30 @@ def test_smg_routes_pd_to_stand_ins_with_one_room_per_request(tmp_path):
     assert {pd.router_port, pd.bootstrap_port} <= {port for *_, port in socks}
     assert [s for s in socks if s[2] not in ("127.0.0.1", "::1")] == [], socks   # smg's metrics port too
     assert all(p.popen.poll() is not None for p in pd.processes)
+
+
+def test_cache_aware_prefill_routing_keeps_a_conversation_on_one_prefill_stand_in(tmp_path):
+    """The real smg with ``--prefill-policy cache_aware`` in front of two prefill stand-ins: each
+    follow-up prompt (its conversation's earlier prompt plus a short turn) reaches the prefill worker
+    of that conversation, and ``prefill_worker_of`` reads that back from the wire logs."""
+    import urllib.request
+
+    from pdlab.process import free_port
+
+    base = free_port(count=6)
+    pd = SGLangPD(n_prefill=2, prefill_policy="cache_aware", router_port=base, prefill_port=base + 1,
+                  decode_port=base + 3, bootstrap_port=base + 4, log_dir=tmp_path)
+    a, b = "alpha " * 200, "omega " * 200
+    prompts = [a, b, a + "one more turn", b + "one more turn", a + "one more turn and another"]
+    with pd:
+        for prompt in prompts:
+            body = {"model": "stand-in", "prompt": prompt, "max_tokens": 2}
+            req = urllib.request.Request(pd.url + "/v1/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                json.load(resp)
+        workers = pd.prefill_worker_of(prompts + ["never sent"])
+    assert workers[-1] == -1 and -1 not in workers[:-1]
+    assert workers[2] == workers[4] == workers[0] and workers[3] == workers[1], workers
+    with pytest.raises(RuntimeError, match="wire logs"):
+        SGLangPD(model="org/m").prefill_worker_of(["x"])

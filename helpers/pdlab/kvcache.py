@@ -262,26 +262,36 @@ def cache_hit_ratio(requests: Iterable[HasPrefix], capacity_blocks: int | None =
 
 def local_vs_global_hit_ratio(requests: Sequence[HasPrefix], n_instances: int,
                               capacity_blocks_per_instance: int | None, *,
-                              assignment: str = "round_robin", seed: int = 0,
+                              assignment: str | Sequence[int] = "round_robin", seed: int = 0,
                               block_tokens: int = BLOCK_TOKENS) -> tuple[HitStats, HitStats]:
     """(local, global) hit statistics for a cluster of ``n_instances`` prefill instances.
 
     Local: each instance has its own LRU of ``capacity_blocks_per_instance`` and sees only the
     requests sent to it (``assignment``: ``round_robin`` or ``random`` — cache-unaware spreading —
-    or ``best_match``, each request to the instance with the longest cached prefix, ties to the
-    least used). Global: one pooled LRU with the sum of the capacities sees every request.
+    ``best_match``, each request to the instance with the longest cached prefix, ties to the
+    least used, or one instance index per request, as a real router chose them). Global: one
+    pooled LRU with the sum of the capacities sees every request.
     """
     if n_instances < 1:
         raise ValueError(f"n_instances must be >= 1, got {n_instances}")
-    if assignment not in ("round_robin", "random", "best_match"):
-        raise ValueError(f"unknown assignment {assignment!r}; use round_robin, random or best_match")
+    chosen: list[int] | None = None
+    if not isinstance(assignment, str):
+        chosen = [int(k) for k in assignment]
+        if len(chosen) != len(requests) or any(not 0 <= k < n_instances for k in chosen):
+            raise ValueError(f"an assignment needs one instance in 0..{n_instances - 1} per request "
+                             f"({len(requests)}), got {len(chosen)}: {chosen[:8]}")
+    elif assignment not in ("round_robin", "random", "best_match"):
+        raise ValueError(f"unknown assignment {assignment!r}; use round_robin, random, best_match or "
+                         "a list of instance indices")
     rng = random.Random(seed)
     caches = [LRUBlockCache(capacity_blocks_per_instance) for _ in range(n_instances)]
     served = [0] * n_instances
     hit = total = 0
     per: list[int] = []
     for i, r in enumerate(requests):
-        if assignment == "round_robin":
+        if chosen is not None:
+            k = chosen[i]
+        elif assignment == "round_robin":
             k = i % n_instances
         elif assignment == "random":
             k = rng.randrange(n_instances)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,14 +68,19 @@ def sglang_server_argv(model: str, mode: str, port: int, *, transfer_backend: st
 
 def router_argv(port: int, prefill: list[tuple[str, int | None]], decode: list[str], *,
                 prometheus_port: int | None = None, policy: str = "round_robin",
-                shutdown_grace_s: int | None = None, python: str = sys.executable) -> list[str]:
+                prefill_policy: str | None = None, shutdown_grace_s: int | None = None,
+                python: str = sys.executable) -> list[str]:
     """``python -m smg launch --pd-disaggregation ...``: the gateway and its metrics on 127.0.0.1.
 
-    ``prefill`` pairs each prefill URL with its KV bootstrap port (None: none); ``prometheus_port``
-    None keeps smg's default (29000); ``shutdown_grace_s`` None keeps smg's wait for in-flight
-    requests on SIGTERM (180 s)."""
+    ``prefill`` pairs each prefill URL with its KV bootstrap port (None: none); ``policy`` picks the
+    workers of both pools, ``prefill_policy`` (None: ``policy``) the prefill worker, for example
+    ``cache_aware`` (smg's radix tree of the text it sent each worker); ``prometheus_port`` None keeps
+    smg's default (29000); ``shutdown_grace_s`` None keeps smg's wait for in-flight requests on
+    SIGTERM (180 s)."""
     argv = [python, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
             "--pd-disaggregation", "--policy", policy]
+    if prefill_policy is not None:
+        argv += ["--prefill-policy", prefill_policy]
     for url, bport in prefill:
         argv += ["--prefill", url] + ([str(bport)] if bport is not None else [])
     for url in decode:
@@ -117,6 +123,8 @@ class SGLangPD:
     decode_port: int = 31101
     bootstrap_port: int = 8998
     prometheus_port: int | None = None
+    policy: str = "round_robin"
+    prefill_policy: str | None = None  # None: ``policy``; "cache_aware": smg's prefix-affine routing
     ib_device: str | None = None
     token_interval_s: float = 0.005
     ready_timeout_s: float = 900.0
@@ -170,7 +178,7 @@ class SGLangPD:
             check_port_free(self.router_port, what="smg")
             argv = router_argv(self.router_port, [(u, self.bootstrap_port + i) for i, u in enumerate(self.prefill_urls())],
                                self.decode_urls(), prometheus_port=self.prometheus_port or free_port(),
-                               shutdown_grace_s=5)
+                               policy=self.policy, prefill_policy=self.prefill_policy, shutdown_grace_s=5)
             router = spawn("smg", argv, self.log_dir / "router.log")
             self.processes.append(router)
             wait_http_ok(router, f"{self.url}/health", 120.0)
@@ -178,6 +186,22 @@ class SGLangPD:
             self.stop()
             raise
         return self
+
+    def prefill_worker_of(self, prompts: Sequence[str]) -> list[int]:
+        """For each prompt text, the index of the prefill stand-in that received it (from the wire
+        logs); -1 for a prompt no prefill worker received. Stand-ins only (real SGLang keeps no
+        wire log)."""
+        if not self.stand_in:
+            raise RuntimeError("prefill_worker_of reads the stand-ins' wire logs; real SGLang workers keep none")
+        from pdlab.serve.engines.standin import read_wire_log
+
+        where: dict[str, int] = {}
+        for i in range(self.n_prefill):
+            for entry in read_wire_log(self.wire_log("prefill", i)):
+                body = entry.get("body") or {}
+                if entry.get("method") == "POST" and isinstance(body, dict) and isinstance(body.get("prompt"), str):
+                    where.setdefault(body["prompt"], i)
+        return [where.get(p, -1) for p in prompts]
 
     def stop(self) -> None:
         for proc in reversed(self.processes):
