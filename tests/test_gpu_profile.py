@@ -16,6 +16,7 @@ from pdlab.paths import repo_root
 from pdlab.roofline.measure import list_profiles
 from pdlab.roofline.measure import load_device_profile as load_roofline
 from pdlab.sim.latency import load_profile as load_latency
+from pdlab.sim.latency import nnls_fit
 from pdlab.simreal.gpu_profile import (
     FORMAT,
     find_gpu_profiles,
@@ -25,7 +26,6 @@ from pdlab.simreal.gpu_profile import (
     roofline_rows,
     step_rows,
 )
-from pdlab.sim.latency import nnls_fit
 
 
 def _positive(x) -> bool:
