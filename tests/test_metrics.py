@@ -153,3 +153,18 @@ def test_records_round_trip_with_token_times_and_chunk_sizes(tmp_path):
     path.write_text(path.read_text() + "not json\n")
     with pytest.raises(ValueError, match=r"r\.jsonl:3: not a request record"):
         read_records(path)
+
+
+def test_block_medians_of_consecutive_slices_in_arrival_order():
+    from pdlab.metrics import block_medians
+
+    recs = [RequestRecord(i, arrival_s=float(9 - i), prompt_tokens=1, output_tokens=3, first_token_s=9.0 - i + 0.1,
+                          finish_s=9.0 - i + 0.1 + 2 * (0.01 if i >= 5 else 0.02)) for i in range(10)]
+    # arrival order is i = 9..0: the first five (i >= 5) step every 10 ms, the last five every 20 ms
+    assert block_medians(recs, 2) == pytest.approx([0.01, 0.02])
+    assert block_medians(recs, 2, "ttft") == pytest.approx([0.1, 0.1])
+    assert len(block_medians(recs, 3)) == 3
+    with pytest.raises(ValueError, match="at least 3 records"):
+        block_medians(recs[:2], 3)
+    with pytest.raises(ValueError, match="ttft or tpot"):
+        block_medians(recs, 2, "itl")

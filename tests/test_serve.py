@@ -817,6 +817,8 @@ def test_serve_cli_parses_placements_and_reports_a_taken_port(tmp_path, capsys):
     assert code == 2
     assert f"port {port}" in capsys.readouterr().err
     assert live_processes() == []
+    code = cli_main(["serve", "colocated", "--model", str(tmp_path), "--cores", "0", "--front-end-cores", "one"])
+    assert code == 2 and "--front-end-cores 'one'" in capsys.readouterr().err
 
 
 def test_cpu_servers_preload_tcmalloc_where_installed_and_keep_a_given_preload(tmp_path, monkeypatch):

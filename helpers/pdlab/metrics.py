@@ -42,6 +42,7 @@ __all__ = [
     "e2e_s",
     "itl_s",
     "percentiles",
+    "block_medians",
     "meets_slo",
     "slo_attainment",
     "goodput_rps",
@@ -201,6 +202,24 @@ def percentiles(values: Sequence[float] | np.ndarray, pcts: Sequence[float] = DE
     for p in pcts:
         key = f"p{p:g}"
         out[key] = float(np.percentile(arr, p)) if arr.size else float("nan")
+    return out
+
+
+def block_medians(records: Sequence[RequestRecord], blocks: int, metric: str = "tpot") -> list[float]:
+    """Median ``metric`` ("ttft" or "tpot", seconds) of each of ``blocks`` consecutive slices of
+    ``records`` in arrival order, equal in count up to one: how steady one run's level was.
+    NaN for a slice with no value. ValueError for fewer records than blocks or an unknown metric."""
+    fn = {"ttft": ttft_s, "tpot": tpot_s}.get(metric)
+    if fn is None:
+        raise ValueError(f"metric must be ttft or tpot, got {metric!r}")
+    if blocks < 1 or len(records) < blocks:
+        raise ValueError(f"need at least {max(blocks, 1)} records for {blocks} blocks, got {len(records)}")
+    ordered = sorted(records, key=lambda r: r.arrival_s)
+    cuts = np.linspace(0, len(ordered), blocks + 1).round().astype(int)
+    out = []
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        values = fn(ordered[lo:hi])
+        out.append(float(np.median(values)) if values.size else float("nan"))
     return out
 
 

@@ -26,6 +26,10 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--decode-gpus", nargs="+", help="one entry per decode instance, e.g. 1")
     p.add_argument("--num-prefill", type=int, default=None, help="prefill instances (default: placements given, or 1)")
     p.add_argument("--num-decode", type=int, default=None, help="decode instances (default: placements given, or 1)")
+    p.add_argument("--front-end-cores",
+                   help="CPU: pin every API server (and the proxy) here while serving, leaving the engines their "
+                        "cores alone; lab 01's layout on 2 cores is `colocated --cores 0 --front-end-cores 1` and "
+                        "`disagg --front-end-cores 0` (run the client there too: taskset -c CORES pdlab bench ...)")
     p.add_argument("--port", type=int, default=8000, help="entry port (proxy for disagg, server for colocated)")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--dtype", default=None,
@@ -43,10 +47,29 @@ def _model(arg: str | None) -> str:
     return str(tiny_model_dir())
 
 
+def _front_ends_on(dep, cores: set[int] | None):
+    """Pin the deployment's API servers and proxy to ``cores`` while serving (None: leave them)."""
+    import contextlib
+
+    from pdlab.process import pinned
+
+    if cores is None:
+        return contextlib.nullcontext()
+    return pinned(dep.front_end_pids(), cores)
+
+
 def run(args: argparse.Namespace) -> int:
     from pdlab.process import PortInUseError, ServerStartError
     from pdlab.serve import DeployPorts, RolePlacement, colocated, disaggregated
 
+    front_cores = None
+    if args.front_end_cores:
+        from pdlab.process import parse_cpu_list
+
+        try:
+            front_cores = set(parse_cpu_list(args.front_end_cores))
+        except ValueError as exc:
+            raise CLIError(f"--front-end-cores {args.front_end_cores!r}: {exc}") from exc
     model = _model(args.model)
     common = {"max_model_len": args.max_model_len, "ready_timeout_s": args.ready_timeout, "device": args.device,
               "dtype": args.dtype}
@@ -66,11 +89,12 @@ def run(args: argparse.Namespace) -> int:
                             ports=DeployPorts(proxy=args.port, prefill=args.port + 100, decode=args.port + 200),
                             **common)
     try:
-        with dep:
+        with dep, _front_ends_on(dep, front_cores):
             info = {"mode": args.mode, "url": dep.url, "servers": [
                 {"role": s.spec.role, "url": s.url, "cores": s.spec.cores, "gpus": s.spec.gpus,
                  "log": str(s.log_path), "pid": s.process.pid if s.process else None} for s in dep.servers],
-                "proxy_log": str(dep.proxy.log_path) if dep.proxy else None, "startup_s": dep.startup_s}
+                "proxy_log": str(dep.proxy.log_path) if dep.proxy else None, "startup_s": dep.startup_s,
+                "front_end_cores": sorted(front_cores) if front_cores else None}
             emit(info, args.json, dep.describe() + f"\nready in {dep.startup_s:.0f} s — Ctrl-C stops everything")
             while dep.alive():
                 time.sleep(1.0)
