@@ -24,6 +24,7 @@ from pdlab.paths import repo_root
 __all__ = [
     "KERNEL_NAME",
     "ci_minutes",
+    "ci_seconds",
     "SECTIONS",
     "student_copy",
     "build",
@@ -241,16 +242,22 @@ COURSE_MAP: list[tuple[str, str, str]] = [
 ]
 
 
-def ci_minutes(root: Path | None = None) -> dict[str, str]:
-    """unit → the minutes its solution took in profile ``ci`` on a 2-core CPU machine, as the README and
-    notebook 00 print it ("0.4", or "5.9–9.8" over several runs), from ``data/course/ci_times.csv``."""
+def ci_seconds(root: Path | None = None) -> dict[str, tuple[float, float]]:
+    """unit → (fastest, slowest) seconds its solution took in profile ``ci`` on a 2-core CPU machine,
+    from ``data/course/ci_times.csv``."""
     path = (root or repo_root()) / "data" / "course" / "ci_times.csv"
     with open(path, newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    return {row["unit"]: (float(row["ci_seconds_low"]), float(row["ci_seconds_high"])) for row in rows}
+
+
+def ci_minutes(root: Path | None = None) -> dict[str, str]:
+    """unit → the minutes of :func:`ci_seconds` as the README and notebook 00 print them ("0.4", or
+    "5.9–9.8" over several runs)."""
     out = {}
-    for row in rows:
-        lo, hi = float(row["ci_seconds_low"]) / 60, float(row["ci_seconds_high"]) / 60
-        out[row["unit"]] = f"{lo:.1f}" if round(lo, 1) == round(hi, 1) else f"{lo:.1f}–{hi:.1f}"
+    for unit, (lo_s, hi_s) in ci_seconds(root).items():
+        lo, hi = lo_s / 60, hi_s / 60
+        out[unit] = f"{lo:.1f}" if round(lo, 1) == round(hi, 1) else f"{lo:.1f}–{hi:.1f}"
     return out
 
 
