@@ -91,6 +91,9 @@ async def test_early_rejection_refuses_what_would_miss_the_ttft_slo(tmp_path):
         assert third.status == 200
         state = await (await client.get("/proxy/admission")).json()
         assert state["enabled"] and state["admitted"] == 2 and state["rejected"] == 1 and state["in_flight"] == 0
+        timings = await (await client.get("/proxy/timings")).json()  # the two admitted: 0.3 s predicted, ≥ 0.3 s taken
+        assert [round(t["predicted_ttft_s"], 1) for t in timings] == [0.3, 0.3]
+        assert all(t["ttft_s"] >= 0.3 for t in timings)
         text = await client.post("/v1/completions", json={"model": "m", "prompt": "words", "max_tokens": 2})
         assert text.status == 400 and "token ids" in (await text.json())["error"]["message"]
     finally:

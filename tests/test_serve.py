@@ -156,6 +156,7 @@ async def test_proxy_streams_decode_with_prefill_params_and_round_robins():
         for t in timings:
             assert t["prefill_leg_s"] > 0 and t["decode_first_s"] > 0 and t["own_s"] >= 0
             assert t["ttft_s"] == pytest.approx(t["own_s"] + t["prefill_leg_s"] + t["decode_first_s"])
+            assert t["predicted_ttft_s"] is None, "no admission, no prediction"
         health = await client.get("/health")
         assert health.status == 200
     finally:

@@ -16,7 +16,9 @@ is measured as one row of :class:`OverloadRow`:
 3. :func:`overload_run` sends the workload at a multiple of that rate and records goodput, the
    SLO attainment of the *admitted* requests, the rejection share (HTTP 503), other failures,
    and the engines' peak memory (RSS of their process trees) and KV-cache usage, sampled while
-   it runs. The same arrivals go through the policy offline — :func:`pdlab.sched.admission.replay_admission`
+   it runs. Beside the client's TTFT p90 of the admitted requests it keeps the proxy's own (request
+   received → first token sent on) and the p90 of what the admission predicted for them, so a
+   missed objective can be placed: in the prediction, or in front of the proxy. The same arrivals go through the policy offline — :func:`pdlab.sched.admission.replay_admission`
    for the proxy's bookkeeping alone, :func:`pdlab.sched.admission.simulate_admission` (the same class on a
    simulated prefill engine) for the policy that reads the engines' state — so the live rejections can
    be set beside the predicted ones.
@@ -199,7 +201,10 @@ class ResourceSampler:
 
 @dataclass
 class OverloadRow:
-    """One overload run (rates req/s, times s, memory GiB)."""
+    """One overload run (rates req/s, times s, memory GiB). ``ttft_p90_admitted_s``: the client's TTFT
+    p90 of the admitted requests that succeeded; ``ttft_p90_proxy_s``: the proxy's own (received → first
+    token sent on); ``predicted_ttft_p90_s``: the p90 of the admission's predictions for them (NaN with
+    admission off)."""
 
     design: str
     load_x: float
@@ -210,6 +215,8 @@ class OverloadRow:
     goodput_rps: float
     attainment_admitted: float
     ttft_p90_admitted_s: float
+    ttft_p90_proxy_s: float
+    predicted_ttft_p90_s: float
     tpot_p90_admitted_s: float
     predicted_rejected_share: float
     learned_slowdown: float
@@ -246,6 +253,7 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     :func:`simulate_admission` (else :func:`replay_admission`).
     """
     from pdlab.serve.client.bench import ClientOptions, run_bench
+    from pdlab.serve.measure.ttft import proxy_timings
 
     roots = {s.spec.role: s.process.pid for s in dep.servers}
     before = dep.metrics_by_role()
@@ -255,6 +263,7 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
                         progress=False, seed=seed)
     wall = time.monotonic() - t0
     after = dep.metrics_by_role()
+    proxy_rows = proxy_timings(dep.url)  # the proxy was restarted for this run: these are its requests
     recs = res.records
     rejected = {r.request_id for r in recs if is_rejected(r)}
     admitted = [r for r in recs if r.request_id not in rejected]
@@ -272,14 +281,16 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     agree = [flag == (r.request_id not in rejected) for r, flag in zip(requests, learned, strict=True)]
     ok_admitted = [r for r in admitted if r.ok]
     ttft_p90 = percentiles([r.ttft_s for r in ok_admitted], [90])["p90"]
+    predicted = [t["predicted_ttft_s"] for t in proxy_rows if t.get("predicted_ttft_s") is not None]
+    p90 = lambda xs: float(np.percentile(xs, 90)) if xs else float("nan")  # noqa: E731
     tpots = [r.tpot_s for r in ok_admitted if r.tpot_s is not None]
     summary = summarize(recs, slo)
     row = OverloadRow(design=design, load_x=load_x, rate_rps=rate_rps, requests=len(recs),
                       rejected_share=len(rejected) / len(recs), failed_admitted=sum(not r.ok for r in admitted),
                       goodput_rps=float(summary.get("goodput_rps", float("nan"))),
                       attainment_admitted=slo_attainment(admitted, slo) if admitted else float("nan"),
-                      ttft_p90_admitted_s=ttft_p90,
-                      tpot_p90_admitted_s=float(np.percentile(tpots, 90)) if tpots else float("nan"),
+                      ttft_p90_admitted_s=ttft_p90, ttft_p90_proxy_s=p90([t["ttft_s"] for t in proxy_rows]),
+                      predicted_ttft_p90_s=p90(predicted), tpot_p90_admitted_s=p90(tpots),
                       predicted_rejected_share=1.0 - sum(flags) / len(flags), learned_slowdown=slowdown,
                       predicted_rejected_share_learned=1.0 - sum(learned) / len(learned),
                       decisions_agree=sum(agree) / len(agree),

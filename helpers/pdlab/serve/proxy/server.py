@@ -95,7 +95,8 @@ class ProxyTiming:
 
     ``own_s``: the proxy's own work (parsing, building both requests); ``prefill_leg_s``: POST to
     the prefill server until its whole answer arrived; ``decode_first_s``: POST to the decode
-    server until its first body chunk arrived; ``ttft_s``: request received → first chunk sent on.
+    server until its first body chunk arrived; ``ttft_s``: request received → first chunk sent on;
+    ``predicted_ttft_s``: what the admission predicted on arrival (None with admission off).
     """
 
     request_id: str
@@ -103,6 +104,7 @@ class ProxyTiming:
     prefill_leg_s: float
     decode_first_s: float
     ttft_s: float
+    predicted_ttft_s: float | None = None
 
 
 @dataclass
@@ -202,13 +204,15 @@ class ProxiedRequest:
     prefill_leg_s: float = 0.0
     decode_sent_s: float = 0.0
     first_chunk_seen: bool = False
+    predicted_ttft_s: float | None = None  # the admission's prediction on arrival (s); None with admission off
 
     def timing(self, first_chunk_s: float) -> ProxyTiming:
         """The request's :class:`ProxyTiming`, its first decode chunk having arrived at ``first_chunk_s``."""
         decode_first_s = first_chunk_s - self.decode_sent_s
         ttft_s = time.perf_counter() - self.received_s
         return ProxyTiming(self.request_id, own_s=ttft_s - self.prefill_leg_s - decode_first_s,
-                           prefill_leg_s=self.prefill_leg_s, decode_first_s=decode_first_s, ttft_s=ttft_s)
+                           prefill_leg_s=self.prefill_leg_s, decode_first_s=decode_first_s, ttft_s=ttft_s,
+                           predicted_ttft_s=self.predicted_ttft_s)
 
 
 def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -319,7 +323,8 @@ class PDProxy:
             policy.start(request_id, tokens)
         p_url, d_url = self.state.next_pair()
         headers = {**{k: v for k, v in request.headers.items() if k == "Authorization"}, "X-Request-Id": request_id}
-        return ProxiedRequest(body, request_id, headers, p_url, d_url, received_s)
+        return ProxiedRequest(body, request_id, headers, p_url, d_url, received_s,
+                              predicted_ttft_s=verdict.predicted_ttft_s if policy is not None else None)
 
     async def backend_limits(self, request: web.Request) -> BackendLimits | None:
         """Model names and context length from the first prefill server's ``/v1/models`` (None if it fails)."""
