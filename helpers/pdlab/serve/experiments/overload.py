@@ -119,13 +119,15 @@ def saturation_capacity(url: str, requests: Sequence[Request], *, seed: int = 0,
 
 
 def slo_capacity(url: str, workload: Callable[[float, int], list[Request]], slo: SLO, *, upper_rps: float,
-                 duration_s: float, fractions: Sequence[float] = (1.0, 0.7, 0.5, 0.35, 0.25), target: float = 0.9,
+                 duration_s: float, fractions: Sequence[float] = (0.85, 0.7, 0.5, 0.35, 0.25), target: float = 0.9,
                  seed: int = 0, request_timeout_s: float = 120.0, tokenizer: str | Path | None = None
                  ) -> tuple[float, list[dict[str, float]]]:
     """The highest rate (req/s) of ``fractions`` × ``upper_rps`` at which ≥ ``target`` of the requests meet ``slo``.
 
     Tries the rates from the highest down, each for ``duration_s`` of arrivals (``workload(rate, n)``)
-    sent to ``url`` as they are (no admission), and stops at the first that meets the target.
+    sent to ``url`` as they are (no admission), and stops at the first that meets the target. The
+    default grid starts below the saturated throughput: there the queue never drains, and a probe that
+    meets the SLO has seen only the queue's first seconds, which a longer run at that rate does not keep.
     Returns the rate and one row per rate tried (``rate_rps``, ``attainment``, ``ttft_p90_s``,
     ``goodput_rps``). Raises RuntimeError when even the lowest rate misses. ``tokenizer``: the prompts'
     (None: the server's model folder).
