@@ -639,3 +639,17 @@ def test_routing_harness_names_a_bad_decision():
         routing_goodput(Undecided(), synthetic_requests(5, 1.0, lengths="sharegpt", seed=0), [1.0], SLO(ttft_s=1.0, tpot_s=0.1), cluster)
     with pytest.raises(TypeError, match="RoutingPolicy"):
         routing_goodput(lambda r: "colocated", synthetic_requests(5, 1.0, lengths="sharegpt", seed=0), [1.0], SLO(ttft_s=1.0), cluster)
+
+
+def test_live_labs_record_their_run_statistics_as_measured(tmp_path, monkeypatch):
+    """A check whose answer is a statistic of the live run records it as "measured" (lab 05's block
+    scatter, 0.243, met an unrelated 0.243 on the page in one CI run); a computed one as "value"."""
+    from pdlab.exercises import EXPECTED_LOG_ENV, check_close
+    from pdlab.exercises.lab06 import check_prefill_bound_rps
+
+    log = tmp_path / "expected.jsonl"
+    monkeypatch.setenv(EXPECTED_LOG_ENV, str(log))
+    check_prefill_bound_rps(None, 0.05, 0.3, 4)
+    check_close("computed", None, 1.2345)
+    kinds = {row["exercise"]: row["kind"] for row in map(json.loads, log.read_text().splitlines())}
+    assert kinds == {"Exercise 2": "measured", "computed": "value"}

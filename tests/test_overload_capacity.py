@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from pdlab.metrics import SLO
-from pdlab.serve.experiments.overload import DESIGNS, overload_matrix, slo_capacity
+from pdlab.serve.experiments.overload import DESIGNS, AdmissionSettings, overload_matrix, slo_capacity
 from pdlab.workloads import make_requests
 
 
@@ -38,8 +38,33 @@ def _serial_server(service_s: float):
     return app
 
 
+calls: list[tuple[float, int]] = []  # (rate, n) of every _evenly call, in order
+
+
 def _evenly(rate: float, n: int):
+    calls.append((rate, n))
     return make_requests([i / rate for i in range(n)], [4] * n, [1] * n)
+
+
+class _StopAtTheFirstRun(Exception):
+    pass
+
+
+class _NoProxy:
+    """A deployment whose proxy restart ends the matrix before its first run is sent."""
+
+    def restart_proxy(self, args=None):
+        raise _StopAtTheFirstRun
+
+
+def _matrix_calls(capacity_rps: float, duration_s: float) -> list[tuple[float, int]]:
+    """The (rate, n) the overload matrix asks the workload for at 1x ``capacity_rps``."""
+    start = len(calls)
+    admission = AdmissionSettings(model=None, handoff_s=0.0, profile_path="p.json", tokenizer="t")
+    with pytest.raises(_StopAtTheFirstRun):
+        overload_matrix(_NoProxy(), _evenly, SLO(ttft_s=0.25), admission, capacity_rps=capacity_rps, loads=[1.0],
+                        duration_s=duration_s)
+    return calls[start:]
 
 
 def test_capacity_is_the_highest_rate_tried_that_meets_the_slo(tiny_model):
@@ -54,6 +79,9 @@ def test_capacity_is_the_highest_rate_tried_that_meets_the_slo(tiny_model):
             await server.close()
 
     rate, probes = asyncio.run(go())
+    assert calls[-1][0] == pytest.approx(rate)  # the last probe is the winning one
+    # the overload matrix's 1x run at that capacity draws the same arrivals (same rate, same count)
+    assert _matrix_calls(rate, duration_s=1.5) == [calls[-1]]
     # 20 and 14 req/s outrun a 10 req/s server (the queue grows past the 0.25 s SLO); 7 req/s does not
     assert rate == pytest.approx(7.0) and [p["share_of_upper"] for p in probes] == [1.0, 0.7, 0.35]
     assert probes[0]["attainment"] < 0.9 <= probes[-1]["attainment"] and probes[0]["ttft_p90_s"] > 0.25

@@ -57,6 +57,6 @@ def check_dispatch_gap_ms(value, prefill_log: list[dict] | None, decode_log: lis
     gaps = dispatch_gaps_ms(prefill_log or [], decode_log or [])
     if not gaps:
         raise ValueError("no bootstrap room appears in both wire logs: run the wire check (section 2) first")
-    return check_close("Exercise 2", value, max(gaps), rel_tol=1e-6, unit="ms",
+    return check_close("Exercise 2", value, max(gaps), rel_tol=1e-6, unit="ms", measured=True,
                        hint="pair the entries by body['bootstrap_room'], subtract the prefill entry's t from the "
                             "decode entry's t (seconds), take the absolute value, ×1000, and the largest.")

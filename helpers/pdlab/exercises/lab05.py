@@ -31,7 +31,7 @@ def check_heldout_prediction(value, probe: Calibration, fit_records: Sequence[Re
                              target_records: Sequence[RequestRecord], mode: str, **sim_options: Any) -> CheckResult:
     """Exercise 1: fit on one rate, predict another: the predicted median TPOT (s)."""
     expected = heldout_tpot_prediction(probe, fit_records, target_records, mode, **sim_options)
-    return check_close("Exercise 1", value, expected, rel_tol=1e-6, unit="s",
+    return check_close("Exercise 1", value, expected, rel_tol=1e-6, unit="s", measured=True,
                        hint="fit_on_run on the *fitted* rate's records (the probe's calibration, the lab's simulator "
                             "options), then replay the *other* rate's requests (requests_from_records) with that "
                             "fit and take the median of the simulated TPOTs (seconds).")
@@ -40,7 +40,7 @@ def check_heldout_prediction(value, probe: Calibration, fit_records: Sequence[Re
 def check_block_scatter(value, blocks: Mapping[float, Sequence[Sequence[RequestRecord]]]) -> CheckResult:
     """Exercise 2a: the rms, over consecutive blocks of one rate, of the log ratio of their median TPOTs."""
     expected = float(np.sqrt(np.mean(np.square(block_log_ratios(blocks, "tpot")))))
-    return check_close("Exercise 2a", value, expected, rel_tol=1e-6, unit="(log ratio, rms)",
+    return check_close("Exercise 2a", value, expected, rel_tol=1e-6, unit="(log ratio, rms)", measured=True,
                        hint="For each rate, log(median TPOT of block k+1 / median TPOT of block k); then the root of "
                             "the mean of their squares over all rates (not the mean of the logs: a + and a − "
                             "difference must not cancel).")

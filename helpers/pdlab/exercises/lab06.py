@@ -17,7 +17,7 @@ def check_prefill_bound_rps(value, short_prefill_s: float, long_prefill_s: float
         raise ValueError(f"prefill times must be > 0 s and long_every ≥ 1, got {short_prefill_s}, "
                          f"{long_prefill_s}, {long_every}")
     mean_s = (long_prefill_s + (long_every - 1) * short_prefill_s) / long_every
-    return check_close("Exercise 2", value, 1.0 / mean_s, rel_tol=1e-3, unit="req/s",
+    return check_close("Exercise 2", value, 1.0 / mean_s, rel_tol=1e-3, unit="req/s", measured=True,
                        hint="The prefill server is busy t_p(l) seconds per request: average t_p over the mix "
                             "(one long prompt in long_every), then the rate that keeps it busy all the time is "
                             "1 / that mean. Use prefill_model.time_s, in seconds.")

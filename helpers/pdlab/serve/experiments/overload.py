@@ -42,7 +42,7 @@ from pdlab.serve.measure.evidence import largest_hit_share, scrape_metrics
 from pdlab.workloads import Request
 
 __all__ = ["REJECTED", "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff",
-           "saturation_capacity", "slo_capacity", "ResourceSampler", "OverloadRow", "overload_run", "AdmissionSettings",
+           "saturation_capacity", "run_requests", "slo_capacity", "ResourceSampler", "OverloadRow", "overload_run", "AdmissionSettings",
            "DESIGNS", "overload_matrix"]
 
 #: How the client's error text starts for a request the proxy refused on arrival.
@@ -118,6 +118,13 @@ def saturation_capacity(url: str, requests: Sequence[Request], *, seed: int = 0,
     return (hi - lo) / (finishes[hi] - finishes[lo]), res.records
 
 
+def run_requests(workload: Callable[[float, int], list[Request]], rate_rps: float, duration_s: float) -> list[Request]:
+    """The requests of one run at ``rate_rps`` for ``duration_s`` of arrivals: ``workload(rate, n)``
+    with n = rate × duration, at least 5. The capacity search's probes and :func:`overload_matrix`'s
+    runs both draw from it, so the matrix's 1× run repeats the winning probe's arrivals."""
+    return workload(rate_rps, max(5, int(round(rate_rps * duration_s))))
+
+
 def slo_capacity(url: str, workload: Callable[[float, int], list[Request]], slo: SLO, *, upper_rps: float,
                  duration_s: float, fractions: Sequence[float] = (0.85, 0.7, 0.5, 0.35, 0.25), target: float = 0.9,
                  seed: int = 0, request_timeout_s: float = 120.0, tokenizer: str | Path | None = None
@@ -140,7 +147,7 @@ def slo_capacity(url: str, workload: Callable[[float, int], list[Request]], slo:
     probes = []
     for k, f in enumerate(sorted(fractions, reverse=True)):
         rate = f * upper_rps
-        res = run_bench(url, workload(rate, max(5, int(round(rate * duration_s)))), slo=slo, progress=False,
+        res = run_bench(url, run_requests(workload, rate, duration_s), slo=slo, progress=False,
                         client=ClientOptions(request_timeout_s=request_timeout_s, tokenizer=tokenizer), seed=seed + k)
         ok = [r.ttft_s for r in res.records if r.ok]
         probes.append({"rate_rps": rate, "share_of_upper": f, "attainment": slo_attainment(res.records, slo),
@@ -346,7 +353,7 @@ def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: S
     try:
         for i, x in enumerate(loads):
             rate = x * capacity_rps
-            requests = workload(rate, max(4, int(round(rate * duration_s))))
+            requests = run_requests(workload, rate, duration_s)
             order = list(designs[i % len(designs):]) + list(designs[:i % len(designs)])
             for k, design in enumerate(order):
                 dep.restart_proxy(args[design])
