@@ -38,12 +38,19 @@ def _serial_server(service_s: float):
     return app
 
 
-calls: list[tuple[float, int]] = []  # (rate, n) of every _evenly call, in order
-
-
 def _evenly(rate: float, n: int):
-    calls.append((rate, n))
     return make_requests([i / rate for i in range(n)], [4] * n, [1] * n)
+
+
+def _recorded(workload):
+    """``workload`` and the list of the (rate, n) it is called with, in order."""
+    calls: list[tuple[float, int]] = []
+
+    def recording(rate: float, n: int):
+        calls.append((rate, n))
+        return workload(rate, n)
+
+    return recording, calls
 
 
 class _StopAtTheFirstRun(Exception):
@@ -59,21 +66,23 @@ class _NoProxy:
 
 def _matrix_calls(capacity_rps: float, duration_s: float) -> list[tuple[float, int]]:
     """The (rate, n) the overload matrix asks the workload for at 1x ``capacity_rps``."""
-    start = len(calls)
+    workload, calls = _recorded(_evenly)
     admission = AdmissionSettings(model=None, handoff_s=0.0, profile_path="p.json", tokenizer="t")
     with pytest.raises(_StopAtTheFirstRun):
-        overload_matrix(_NoProxy(), _evenly, SLO(ttft_s=0.25), admission, capacity_rps=capacity_rps, loads=[1.0],
+        overload_matrix(_NoProxy(), workload, SLO(ttft_s=0.25), admission, capacity_rps=capacity_rps, loads=[1.0],
                         duration_s=duration_s)
-    return calls[start:]
+    return calls
 
 
 def test_capacity_is_the_highest_rate_tried_that_meets_the_slo(tiny_model):
+    workload, calls = _recorded(_evenly)
+
     async def go():
         server = TestServer(_serial_server(0.1), host="127.0.0.1")
         await server.start_server()
         try:
             url = str(server.make_url("")).rstrip("/")
-            return await asyncio.to_thread(slo_capacity, url, _evenly, SLO(ttft_s=0.25, tpot_s=1.0), upper_rps=20.0,
+            return await asyncio.to_thread(slo_capacity, url, workload, SLO(ttft_s=0.25, tpot_s=1.0), upper_rps=20.0,
                                            duration_s=1.5, fractions=(1.0, 0.7, 0.35), tokenizer=tiny_model.path)
         finally:
             await server.close()

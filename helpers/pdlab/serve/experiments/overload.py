@@ -42,8 +42,8 @@ from pdlab.serve.measure.evidence import largest_hit_share, scrape_metrics
 from pdlab.workloads import Request
 
 __all__ = ["REJECTED", "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff",
-           "saturation_capacity", "run_requests", "slo_capacity", "ResourceSampler", "OverloadRow", "overload_run", "AdmissionSettings",
-           "DESIGNS", "overload_matrix"]
+           "saturation_capacity", "run_requests", "slo_capacity", "ResourceSampler", "OverloadRow", "overload_run",
+           "AdmissionSettings", "DESIGNS", "overload_matrix"]
 
 #: How the client's error text starts for a request the proxy refused on arrival.
 REJECTED = "HTTP 503"
@@ -131,7 +131,7 @@ def slo_capacity(url: str, workload: Callable[[float, int], list[Request]], slo:
                  ) -> tuple[float, list[dict[str, float]]]:
     """The highest rate (req/s) of ``fractions`` × ``upper_rps`` at which ≥ ``target`` of the requests meet ``slo``.
 
-    Tries the rates from the highest down, each for ``duration_s`` of arrivals (``workload(rate, n)``)
+    Tries the rates from the highest down, each for ``duration_s`` of arrivals (:func:`run_requests`)
     sent to ``url`` as they are (no admission), and stops at the first that meets the target. The
     default grid starts below the saturated throughput: there the queue never drains, and a probe that
     meets the SLO has seen only the queue's first seconds, which a longer run at that rate does not keep.
