@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import nbformat
@@ -160,3 +161,36 @@ def test_ci_minutes_formats_one_run_and_a_range(tmp_path):
     (tmp_path / "data" / "course" / "ci_times.csv").write_text(
         "# comment\nunit,ci_seconds_low,ci_seconds_high,runs\n00,12,12,1\nlab01,355.1,586,2\n")
     assert course.ci_minutes(tmp_path) == {"00": "0.2", "lab01": "5.9–9.8"}
+
+
+def test_index_keeps_every_units_last_result(tmp_path):
+    """Rerunning one unit into a folder updates that unit's row of ``index.html`` and keeps every other
+    unit's last result with the time of its run (the rows live in ``index_results.json`` beside it)."""
+    index = tmp_path / "html" / "index.html"
+
+    def result(stem, status, seconds, finished, error=""):
+        res = course.RunResult(stem, status, seconds, tmp_path / f"{stem}.ipynb", error, 0,
+                               html=tmp_path / "html" / f"{stem}.html")
+        res.extra.update(finished=finished, profile="ci", kind="solution")
+        return res
+
+    full_run = [result("00_orientation", "ok", 12.0, "2030-01-01 10:00:00"),
+                result("02_kv_cache_napkin_math", "failed", 9.0, "2030-01-01 10:01:00", "AssertionError: x"),
+                result("lab03_router", "ok", 120.0, "2030-01-01 10:05:00")]
+    course.write_index(full_run, index)
+    course.write_index([result("02_kv_cache_napkin_math", "ok", 8.5, "2030-01-02 09:00:00")], index)
+    rows = {r["notebook"]: r for r in json.loads((index.parent / course.INDEX_RESULTS).read_text())["rows"]}
+    assert list(rows) == ["00_orientation", "02_kv_cache_napkin_math", "lab03_router"]  # course order
+    assert rows["02_kv_cache_napkin_math"] == {
+        "notebook": "02_kv_cache_napkin_math", "status": "ok", "seconds": 8.5, "error": "",
+        "html": "02_kv_cache_napkin_math.html", "finished": "2030-01-02 09:00:00", "profile": "ci", "kind": "solution"}
+    assert rows["00_orientation"]["finished"] == "2030-01-01 10:00:00" and rows["lab03_router"]["seconds"] == 120.0
+    page = index.read_text()
+    assert page.count("<tr><td>") == 3 and "AssertionError" not in page
+    assert "2030-01-01 10:05:00" in page and "2030-01-02 09:00:00" in page and "lab03_router.html" in page
+
+
+def test_index_store_that_is_not_ours_is_a_clear_error(tmp_path):
+    (tmp_path / course.INDEX_RESULTS).write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a course index store"):
+        course.write_index([], tmp_path / "index.html")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import html
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -19,8 +20,12 @@ from pdlab.course.export import export
 from pdlab.course.generate import KERNEL_NAME, cell_tags, solution_notebooks, student_notebooks
 from pdlab.paths import build_dir, repo_root
 
-__all__ = ["KERNEL_ENCRYPTION", "RunResult", "ensure_kernel", "kernel_config", "run_notebook", "run_course",
-           "write_index", "format_table"]
+__all__ = ["INDEX_RESULTS", "KERNEL_ENCRYPTION", "RunResult", "ensure_kernel", "kernel_config", "run_notebook",
+           "run_course", "write_index", "index_rows", "format_table"]
+
+#: the file beside ``index.html`` that keeps every unit's last result, so that a run of one unit
+#: updates that unit's row and keeps the others'.
+INDEX_RESULTS = "index_results.json"
 
 #: jupyter_client's transport-encryption policy for the kernels the course starts: the kernel manager
 #: provisions CurveZMQ keys, so code and outputs between papermill (or JupyterLab) and the kernel are
@@ -148,6 +153,8 @@ def run_course(*, profile: str = "ci", only: str | None = None, student: bool = 
         bar.set_postfix_str(path.stem)
         res = run_notebook(path, out_dir / kind / path.parent.name / path.name, profile=profile,
                            student=student, timeout_s=timeout_s)
+        res.extra.update(finished=time.strftime("%Y-%m-%d %H:%M:%S"), profile=profile,
+                         kind="student" if student else "solution")
         if html_export and res.output.exists():
             try:
                 res.html = export(res.output, to="html", out=out_dir / "html" / f"{path.stem}.html")
@@ -159,21 +166,56 @@ def run_course(*, profile: str = "ci", only: str | None = None, student: bool = 
     return results
 
 
+def index_rows(results: list[RunResult], store: Path) -> list[dict]:
+    """Merge this run's ``results`` into the rows kept in ``store`` (JSON, :data:`INDEX_RESULTS`) and
+    write them back: a unit run now replaces its row, every other unit keeps its last result. Each row:
+    notebook, status, seconds, error, html (file name or ""), finished (local time of that unit's run),
+    profile and kind (solution or student). Rows come in course order (:data:`COURSE_MAP`), then by name."""
+    from pdlab.course.generate import COURSE_MAP
+
+    rows: dict[str, dict] = {}
+    if store.exists():
+        try:
+            kept = json.loads(store.read_text(encoding="utf-8"))
+            rows = {row["notebook"]: row for row in kept["rows"]}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{store}: not a course index store (expected {{'rows': [{{'notebook': ...}}]}}); "
+                             f"delete it to start a fresh index ({exc})") from exc
+    now = time.strftime("%Y-%m-%d %H:%M:%S")
+    for r in results:
+        rows[r.notebook] = {"notebook": r.notebook, "status": r.status, "seconds": round(float(r.seconds), 1),
+                            "error": r.error, "html": r.html.name if r.html else "",
+                            "finished": r.extra.get("finished", now), "profile": r.extra.get("profile", ""),
+                            "kind": r.extra.get("kind", "")}
+    order = {stem: i for i, (_, stem, _) in enumerate(COURSE_MAP)}
+    merged = sorted(rows.values(), key=lambda row: (order.get(row["notebook"], len(order)), row["notebook"]))
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text(json.dumps({"rows": merged}, indent=1, ensure_ascii=False), encoding="utf-8")
+    return merged
+
+
 def write_index(results: list[RunResult], path: Path) -> Path:
-    """An ``index.html`` linking every exported notebook with its status and run time."""
+    """An ``index.html`` linking every exported notebook with its status, run time and when it ran.
+    The rows are this run's results merged into every earlier run's into the same folder
+    (:func:`index_rows`, kept in :data:`INDEX_RESULTS` beside the index): rerunning one unit updates
+    its row and keeps the rest of the course."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    merged = index_rows(results, path.parent / INDEX_RESULTS)
     rows = "\n".join(
-        f"<tr><td><a href='{html.escape(r.html.name) if r.html else '#'}'>{html.escape(r.notebook)}</a></td>"
-        f"<td class='{r.status}'>{r.status}</td><td>{r.seconds:.1f}</td><td>{html.escape(r.error)}</td></tr>"
-        for r in results)
+        f"<tr><td><a href='{html.escape(r['html']) if r['html'] else '#'}'>{html.escape(r['notebook'])}</a></td>"
+        f"<td class='{html.escape(r['status'])}'>{html.escape(r['status'])}</td><td>{r['seconds']:.1f}</td>"
+        f"<td>{html.escape(r['finished'])}</td><td>{html.escape(r['profile'])}</td><td>{html.escape(r['kind'])}</td>"
+        f"<td>{html.escape(r['error'])}</td></tr>"
+        for r in merged)
     path.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>PD-disaggregation course — run</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 12px;text-align:left}"
         ".ok{color:#0a0}.failed{color:#c00}</style></head><body>"
         "<h1>Disaggregated prefill/decode serving — executed course</h1>"
-        f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')}.</p>"
-        "<table><tr><th>notebook</th><th>status</th><th>seconds</th><th>error</th></tr>"
-        f"{rows}</table></body></html>")
+        f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')}: each unit's last run into this folder, "
+        f"{len(merged)} units.</p>"
+        "<table><tr><th>notebook</th><th>status</th><th>seconds</th><th>finished</th><th>profile</th><th>kind</th>"
+        f"<th>error</th></tr>{rows}</table></body></html>", encoding="utf-8")
     return path
 
 
