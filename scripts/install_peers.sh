@@ -14,7 +14,7 @@
 #   Rust core, also --no-deps), pydantic and uvloop (ai-dynamo-runtime's own requirements) and
 #   typing_extensions; packaging, PyYAML and msgspec, which `python -m dynamo.frontend` and
 #   `python -m dynamo.mocker` import at start (measured 2026-12-01: with these both run --help);
-#   numpy, which the mocker imports to read a latency profile (--planner-profile-data, lab 07).
+#   numpy, which the mocker imports to read a latency profile (--planner-profile-data, lab 08).
 #   transformers, redis, zmq, … serve Dynamo's live planner and real engine workers, which
 #   this environment does not provide.
 # - Dynamo's planner in the offline replay (pdlab.peers.dynamo_planner, helpers/pdlab/peers/dynamo_planner_replay.py)

@@ -106,6 +106,7 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
         lab05,
         lab06,
         lab07,
+        lab08,
         nb00,
         nb01,
         nb02,
@@ -340,13 +341,15 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
         {"milliseconds": mean_us(short) / 1e3, "seconds": mean_us(short) / 1e6, "n instead of n − 1": mean_us(short, 0),
          "every request, long ones included": mean_us(ok2)})
 
+    # ---- lab07 (overload)
+    # prefill 20 ms short, 180 ms long, one in two long: mean 100 ms → 10 req/s
+    add(lab07.check_prefill_bound_rps, (0.020, 0.180, 2), 10.0,
+        {"the long prompt only": 1 / 0.180, "the short prompt only": 1 / 0.020,
+         "one in three long": 1 / ((0.180 + 2 * 0.020) / 3), "the mean time, not a rate": 0.100})
+
     # ---- lab06
     from pdlab.serve.experiments.faults import FAULTS, FaultOutcome
 
-    # prefill 20 ms short, 180 ms long, one in two long: mean 100 ms → 10 req/s
-    add(lab06.check_prefill_bound_rps, (0.020, 0.180, 2), 10.0,
-        {"the long prompt only": 1 / 0.180, "the short prompt only": 1 / 0.020,
-         "one in three long": 1 / ((0.180 + 2 * 0.020) / 3), "the mean time, not a rate": 0.100})
     outs = [FaultOutcome(f, p, c, 1.0, None, False, 0, True) for f, p, c in
             [(FAULTS[0], "recompute", "left"), (FAULTS[2], "recompute", "sse error"),
              (FAULTS[3], "recompute", "answer"), (FAULTS[4], "recompute", "answer"), (FAULTS[3], "fail", "sse error")]]
@@ -357,14 +360,14 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
          "every fault answered": dict.fromkeys(truth, True), "a fault left out": {FAULTS[3]: True, FAULTS[4]: True},
          "a fault the run did not inject": {**truth, FAULTS[1]: False}})
 
-    # ---- lab07
+    # ---- lab08
     from pdlab.workloads import Request
 
     convo = [Request(0, 0.0, 96, 4, (0, 1, 2)), Request(1, 0.1, 96, 4, (0, 5, 6)), Request(2, 0.2, 128, 4, (0, 1, 2, 3)),
              Request(3, 0.3, 128, 4, (0, 5, 6, 7)), Request(4, 0.4, 96, 4, (0, 1, 9)), Request(5, 0.5, 96, 4, (8, 5, 6))]
     # round-robin over 2 workers: prefix blocks found 0, 0, 3, 3, 2, 0 of 20 (request 5 holds blocks 5 and 6
     # of its worker, but not as a prefix); one worker for all would find 9; any block anywhere 10
-    add(lab07.check_round_robin_hit_share, (convo, 2), 8 / 20,
+    add(lab08.check_round_robin_hit_share, (convo, 2), 8 / 20,
         {"any block, not the prefix": 10 / 20, "one worker for all": 9 / 20, "percent": 40.0, "a count": 8})
     by_id = {r.request_id: r for r in recs}
     assert all(by_id[i].ok for i in range(6))
@@ -380,7 +383,7 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
                 for kind, ids in (("first", [0, 1, 5]), ("follow-up", [2, 3, 4]))}
 
     both = {"kv": turns(recs), "round-robin": turns(rr_recs)}
-    add(lab07.check_turn_ttft_ms, ({"kv": recs, "round-robin": rr_recs}, convo, 2), both,
+    add(lab08.check_turn_ttft_ms, ({"kv": recs, "round-robin": rr_recs}, convo, 2), both,
         {"routers swapped": {"kv": both["round-robin"], "round-robin": both["kv"]},
          "kinds swapped": {m: {"first": v["follow-up"], "follow-up": v["first"]} for m, v in both.items()},
          "seconds": {m: {k: x / 1e3 for k, x in v.items()} for m, v in both.items()},
@@ -586,7 +589,7 @@ def test_number_spellings():
 
 
 def test_a_measured_answer_leaks_only_at_four_digits(tmp_path):
-    """lab 07's Exercise 2 is a mean TTFT in ms, the unit the lab's tables print at one decimal: a
+    """lab 08's Exercise 2 is a mean TTFT in ms, the unit the lab's tables print at one decimal: a
     12-request run's subset mean matched a table figure by chance in CI. A "measured" answer is
     read at 4 significant digits; a "value" answer still at 3."""
     nb = nbformat.v4.new_notebook()
@@ -645,11 +648,11 @@ def test_live_labs_record_their_run_statistics_as_measured(tmp_path, monkeypatch
     """A check whose answer is a statistic of the live run records it as "measured" (lab 05's block
     scatter, 0.243, met an unrelated 0.243 on the page in one CI run); a computed one as "value"."""
     from pdlab.exercises import EXPECTED_LOG_ENV, check_close
-    from pdlab.exercises.lab06 import check_prefill_bound_rps
+    from pdlab.exercises.lab07 import check_prefill_bound_rps
 
     log = tmp_path / "expected.jsonl"
     monkeypatch.setenv(EXPECTED_LOG_ENV, str(log))
     check_prefill_bound_rps(None, 0.05, 0.3, 4)
     check_close("computed", None, 1.2345)
     kinds = {row["exercise"]: row["kind"] for row in map(json.loads, log.read_text().splitlines())}
-    assert kinds == {"Exercise 2": "measured", "computed": "value"}
+    assert kinds == {"Exercise 1": "measured", "computed": "value"}

@@ -237,8 +237,9 @@ COURSE_MAP: list[tuple[str, str, str]] = [
     ("lab03", "lab03_router", "A router choosing colocated or disaggregated serving per request, live and simulated"),
     ("lab04", "lab04_agentic_benchmark", "Agentic multi-turn tool-calling benchmark, colocated vs disaggregated"),
     ("lab05", "lab05_sim_to_real", "Calibrate the simulator on the live engine and measure its error"),
-    ("lab06", "lab06_faults_and_overload", "Faults on a live 1P1D deployment under both KV-load policies; overload with and without early rejection"),
-    ("lab07", "lab07_dynamo", "NVIDIA Dynamo on this machine: frontend, KV router and mocker workers; agg vs 1P1D, KV vs round-robin routing"),
+    ("lab06", "lab06_faults", "Faults on a live 1P1D deployment under both KV-load policies"),
+    ("lab07", "lab07_overload_and_admission", "Overload of a live 1P1D deployment with and without early rejection at the front door"),
+    ("lab08", "lab08_dynamo", "NVIDIA Dynamo on this machine: frontend, KV router and mocker workers; agg vs 1P1D, KV vs round-robin routing"),
 ]
 
 

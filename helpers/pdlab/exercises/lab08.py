@@ -1,4 +1,4 @@
-"""Checks for lab 07 (NVIDIA Dynamo: frontend, KV router and mocker workers). Expected values come from the run."""
+"""Checks for lab 08 (NVIDIA Dynamo: frontend, KV router and mocker workers). Expected values come from the run."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def check_round_robin_hit_share(value, requests: Sequence, workers: int) -> Chec
         cache.update(r.hash_ids)
     expected = found / total if total else float("nan")
     return check_close("Exercise 1", value, expected, rel_tol=1e-6,
-                       hint="Walk the requests in arrival order; worker i % KV_WORKERS; count the leading hash ids "
+                       hint="Walk the requests in arrival order; request i goes to worker i % n, with n the number of "
+                            "workers asked for (2 * KV_WORKERS); count the leading hash ids "
                             "already in that worker's set (stop at the first miss), then add all of them to it. "
                             "Divide by the number of blocks of all requests (a share, not a percentage).")
 

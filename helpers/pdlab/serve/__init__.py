@@ -5,7 +5,7 @@
 - :mod:`pdlab.serve.proxy` — the P/D proxy and the HTTP plumbing the router shares, early rejection;
 - :mod:`pdlab.serve.client` — the benchmark client, streaming, agreement with ``vllm bench``;
 - :mod:`pdlab.serve.measure` — CPU cost, host check, TTFT anatomy, ``/metrics`` evidence;
-- :mod:`pdlab.serve.experiments` — faults and overload (lab 06);
+- :mod:`pdlab.serve.experiments` — faults (lab 06) and overload (lab 07);
 - :mod:`pdlab.serve.probes` — the live calibration probes (lab 05).
 
 The names of ``engines``, ``client`` and ``measure`` are re-exported here, with the process hygiene

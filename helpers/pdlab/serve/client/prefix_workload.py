@@ -2,7 +2,7 @@
 
 :func:`shared_prefix_slice` picks the requests of a trace that come in conversations;
 :func:`prefix_prompts` writes prompts that share exactly the blocks their hash ids share, so an
-engine's prefix cache (Dynamo's KV router in lab 07) sees the trace's reuse.
+engine's prefix cache (Dynamo's KV router in lab 08) sees the trace's reuse.
 """
 
 from __future__ import annotations

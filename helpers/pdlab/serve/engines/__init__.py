@@ -4,7 +4,7 @@
   :mod:`~pdlab.serve.engines.deploy` — colocated and xPyD deployments behind the P/D proxy;
 - :mod:`~pdlab.serve.engines.sglang` — SGLang PD commands; :mod:`~pdlab.serve.engines.standin` — the
   SGLang stand-ins that speak its PD wire protocol on a CPU;
-- :mod:`~pdlab.serve.engines.dynamo` — NVIDIA Dynamo's frontend and mocker workers (lab 07);
+- :mod:`~pdlab.serve.engines.dynamo` — NVIDIA Dynamo's frontend and mocker workers (lab 08);
   :mod:`~pdlab.serve.engines.vllm_router` — vLLM's Rust router;
 - :mod:`~pdlab.serve.engines.modelbuild` — the tiny Llama-shaped model the CPU servers load.
 

@@ -1,4 +1,4 @@
-"""Live experiments on a P/D deployment (lab 06).
+"""Live experiments on a P/D deployment (labs 06 and 07).
 
 - :mod:`~pdlab.serve.experiments.faults` — a fault injected into one role, and what the client sees;
 - :mod:`~pdlab.serve.experiments.overload` — overload with and without early rejection at the proxy.
