@@ -459,7 +459,7 @@ def test_cpu_and_gpu_command_lines(tmp_path):
 def test_disaggregated_places_servers_from_role_placements_and_ports():
     """Nothing starts: the deployment's servers get their ports, side channels and cores from
     RolePlacement and DeployPorts; a placement list of the wrong length is an error."""
-    from pdlab.serve import DeployPorts, RolePlacement, disaggregated
+    from pdlab.serve.engines import DeployPorts, RolePlacement, disaggregated
 
     dep = disaggregated("m", device="cpu", prefill=RolePlacement(2, cores=["0", "0"]), decode=RolePlacement(),
                         ports=DeployPorts(proxy=9000, prefill=9100, decode=9200, side_channel=9300))
@@ -484,7 +484,7 @@ def test_engine_cores_reserved_moves_the_client_to_the_spare_cores_and_back():
     """Nothing starts: a colocated CPU deployment on core 0 pins this process (the client) to the
     other cores inside the block and gives its affinity back after; a deployment on every core, a
     disaggregated one or one without cores is refused with the reason."""
-    from pdlab.serve import RolePlacement, colocated, disaggregated
+    from pdlab.serve.engines import RolePlacement, colocated, disaggregated
 
     cores = sorted(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
@@ -535,7 +535,7 @@ def test_port_in_use_is_a_clear_error_before_anything_starts(tmp_path):
         with pytest.raises(PortInUseError):
             server.start()
         assert server.process is None
-        from pdlab.serve import start_proxy
+        from pdlab.serve.engines import start_proxy
 
         with pytest.raises(PortInUseError):
             start_proxy(["http://127.0.0.1:1"], ["http://127.0.0.1:2"], port=port, log_dir=tmp_path)
@@ -635,7 +635,7 @@ def test_wait_http_ok_times_out_with_log_tail(tmp_path):
 
 
 def test_proxy_subprocess_starts_serves_and_leaves_nothing(tmp_path):
-    from pdlab.serve import start_proxy
+    from pdlab.serve.engines import start_proxy
 
     before = {p.pid for p in live_processes()}
     port = free_port()
@@ -845,3 +845,47 @@ def test_cpu_servers_preload_tcmalloc_where_installed_and_keep_a_given_preload(t
     monkeypatch.setattr(hardware, "tcmalloc_library", lambda dirs=None: None)
     monkeypatch.delenv("LD_PRELOAD")
     assert "LD_PRELOAD" not in VLLMServerSpec(device="cpu", **spec).env(), "nothing installed: glibc's malloc, as before"
+
+
+def test_colocated_replicas_place_one_engine_per_core_behind_vllm_router():
+    """Nothing starts: replica i gets port replica_port + i and core (or GPU) i, the entry point is the
+    router's port, and a layout that shares a core, miscounts, collides or names no policy is refused."""
+    from pdlab.serve.engines.deploy import colocated_replicas
+
+    dep = colocated_replicas("m", device="cpu", port=9000, replica_port=9100)
+    assert dep.kind == "2 replicas" and dep.url == "http://127.0.0.1:9000"
+    assert dep.front_door == "vllm-router" and dep.router_policy == "round_robin"
+    assert [(s.spec.role, s.spec.port, s.spec.cores, s.spec.gpus) for s in dep.servers] == [
+        ("colocated", 9100, "0", None), ("colocated", 9101, "1", None)]
+    assert "vllm-router (round_robin)" not in dep.describe(), "nothing started, so no front door line yet"
+    gpu = colocated_replicas("m", device="cuda", count=3, places=["0", "1", "2,3"], policy="power_of_two")
+    assert [(s.spec.gpus, s.spec.cores) for s in gpu.servers] == [("0", None), ("1", None), ("2,3", None)]
+    with pytest.raises(ValueError, match=r"share cores \[1\]"):
+        colocated_replicas("m", device="cpu", places=["0-1", "1"])
+    with pytest.raises(ValueError, match="share a GPU"):
+        colocated_replicas("m", device="cuda", places=["0", "0"])
+    with pytest.raises(ValueError, match="one placement per replica"):
+        colocated_replicas("m", device="cpu", count=3, places=["0", "1"])
+    with pytest.raises(ValueError, match="at least one replica"):
+        colocated_replicas("m", device="cpu", count=0)
+    with pytest.raises(ValueError, match="router's port 9101"):
+        colocated_replicas("m", device="cpu", port=9101, replica_port=9100)
+    with pytest.raises(ValueError, match="unknown vllm-router policy 'fastest'"):
+        colocated_replicas("m", device="cpu", policy="fastest")
+    with pytest.raises(ValueError, match="needs a colocated CPU deployment"):   # no spare core to reserve
+        with dep.engine_cores_reserved():
+            pass
+    with pytest.raises(ValueError, match="no proxy"):
+        dep.restart_proxy()
+
+
+def test_pdlab_serve_replicas_refuses_a_bad_layout_before_anything_starts(capsys):
+    """``pdlab serve replicas`` with two replicas on one core exits with an error naming the shared core."""
+    from pdlab.cli import main
+    from pdlab.process import live_processes
+
+    before = live_processes()
+    code = main(["serve", "replicas", "--model", "m", "--device", "cpu", "--replica-cores", "0", "0"])
+    assert code != 0
+    assert "share cores [0]" in capsys.readouterr().err
+    assert live_processes() == before

@@ -50,3 +50,77 @@ def test_a_router_that_exits_is_reported_with_its_log_and_reaped(monkeypatch, tm
         start_vllm_router("http://127.0.0.1:1", "http://127.0.0.1:2", port=free_port(), log_dir=tmp_path, timeout_s=10)
     assert live_processes() == before
     assert vllm_router.find_vllm_router() == fake
+
+
+def test_plain_mode_argv_routes_among_workers_and_pd_mode_keeps_its_flags():
+    """The command lines of both modes: plain mode names every worker after --worker-urls and no PD
+    flag; PD mode names the connector and each prefill and decode server; mixing them, an empty or
+    schemeless URL and an unknown policy are refused with the reason."""
+    from pdlab.serve.engines.vllm_router import router_argv
+
+    plain = router_argv("vr", port=9000, workers=["http://127.0.0.1:9100", "http://127.0.0.1:9101"])
+    assert plain[:5] == ["vr", "--host", "127.0.0.1", "--port", "9000"]
+    at = plain.index("--worker-urls")
+    assert plain[at + 1:at + 3] == ["http://127.0.0.1:9100", "http://127.0.0.1:9101"]
+    assert plain[plain.index("--policy") + 1] == "round_robin"
+    assert not {"--vllm-pd-disaggregation", "--prefill", "--decode", "--kv-connector"} & set(plain)
+    pd_argv = router_argv("vr", port=9000, prefill=["http://p:1"], decode=["http://d:2", "http://d:3"],
+                          policy="cache_aware", extra_args=["--disable-retries"])
+    assert "--worker-urls" not in pd_argv and pd_argv[-1] == "--disable-retries"
+    assert pd_argv[pd_argv.index("--kv-connector") + 1] == "nixl"
+    assert [pd_argv[i + 1] for i, a in enumerate(pd_argv) if a == "--decode"] == ["http://d:2", "http://d:3"]
+    assert pd_argv[pd_argv.index("--prefill") + 1] == "http://p:1"
+    with pytest.raises(ValueError, match="not both"):
+        router_argv("vr", port=1, workers=["http://w:1"], prefill=["http://p:1"], decode=["http://d:1"])
+    with pytest.raises(ValueError, match="at least one worker URL"):
+        router_argv("vr", port=1)
+    with pytest.raises(ValueError, match="at least one decode URL"):
+        router_argv("vr", port=1, prefill=["http://p:1"])
+    with pytest.raises(ValueError, match=r"must start with http://.*127\.0\.0\.1:9100"):
+        router_argv("vr", port=1, workers=["127.0.0.1:9100"])
+    with pytest.raises(ValueError, match="unknown vllm-router policy 'fastest'"):
+        router_argv("vr", port=1, workers=["http://w:1"], policy="fastest")
+
+
+FAKE_ROUTER = """#!{python}
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+json.dump(sys.argv[1:], open({argv_file!r}, "w"))
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_start_in_plain_mode_passes_the_workers_and_stops_the_router(monkeypatch, tmp_path):
+    """A stand-in binary that records its arguments and answers /health: the launcher starts it in
+    plain mode with every worker, reports it, and stops it on leaving the block."""
+    import json
+    import sys
+
+    from pdlab.serve.engines.vllm_router import start_vllm_router_workers
+
+    before = live_processes()  # other tests' processes are not this one's to judge
+    argv_file = tmp_path / "argv.json"
+    fake = tmp_path / "bin" / "vllm-router"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_ROUTER.format(python=sys.executable, argv_file=str(argv_file)))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PDLAB_PEERS_VENV", str(tmp_path))
+    workers = ["http://127.0.0.1:9100", "http://127.0.0.1:9101"]
+    with start_vllm_router_workers(workers, port=free_port(), log_dir=tmp_path, timeout_s=20) as router:
+        assert router.alive() and router.workers == workers and router.policy == "round_robin"
+        assert router.startup_s is not None and router.startup_s >= 0
+        assert "workers=" in repr(router)
+        args = json.loads(argv_file.read_text())
+        assert args[args.index("--worker-urls") + 1:args.index("--worker-urls") + 3] == workers
+        assert "--vllm-pd-disaggregation" not in args
+    assert not router.alive()
+    assert live_processes() == before

@@ -1,4 +1,9 @@
-"""``pdlab serve colocated|disagg``: run vLLM in the foreground until Ctrl-C (then stop every process)."""
+"""``pdlab serve colocated|replicas|disagg``: run vLLM in the foreground until Ctrl-C (then stop every process).
+
+``replicas`` runs N colocated servers, each on cores (or GPUs) of its own, behind ``vllm-router`` in plain
+mode (``--policy``, default ``round_robin``): on 2 cores, ``pdlab serve replicas`` is the same hardware as
+``pdlab serve disagg``.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,9 @@ __all__ = ["register", "run"]
 
 
 def register(sub: Subcommands) -> None:
-    p = sub.add_parser("serve", help="run a colocated or a prefill/decode-disaggregated vLLM deployment",
+    p = sub.add_parser("serve", help="run a colocated, N-replica or prefill/decode-disaggregated vLLM deployment",
                        description=__doc__)
-    p.add_argument("mode", choices=["colocated", "disagg"])
+    p.add_argument("mode", choices=["colocated", "replicas", "disagg"])
     p.add_argument("--model", default=None, help="model folder or name (default: build/models/tiny, built if missing)")
     p.add_argument("--connector", default="nixl", choices=["nixl", "example"], help="KV connector (disagg)")
     p.add_argument("--kv-buffer-device", choices=["cpu", "cuda"], help="NIXL KV buffer (default: the device)")
@@ -26,11 +31,19 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--decode-gpus", nargs="+", help="one entry per decode instance, e.g. 1")
     p.add_argument("--num-prefill", type=int, default=None, help="prefill instances (default: placements given, or 1)")
     p.add_argument("--num-decode", type=int, default=None, help="decode instances (default: placements given, or 1)")
+    p.add_argument("--replica-cores", nargs="+", help="replicas: one entry per replica, e.g. 0 1 (default: core i)")
+    p.add_argument("--replica-gpus", nargs="+", help="replicas: one entry per replica, e.g. 0 1 (default: GPU i)")
+    p.add_argument("--num-replicas", type=int, default=None,
+                   help="replicas: how many (default: placements given, or 2)")
+    p.add_argument("--policy", default="round_robin",
+                   help="replicas: vllm-router's --policy (default round_robin: each request to the next replica)")
     p.add_argument("--front-end-cores",
                    help="CPU: pin every API server (and the proxy) here while serving, leaving the engines their "
                         "cores alone; lab 01's layout on 2 cores is `colocated --cores 0 --front-end-cores 1` and "
                         "`disagg --front-end-cores 0` (run the client there too: taskset -c CORES pdlab bench ...)")
-    p.add_argument("--port", type=int, default=8000, help="entry port (proxy for disagg, server for colocated)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="entry port (proxy for disagg, vllm-router for replicas, server for colocated); "
+                        "replica i listens on PORT + 100 + i")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--dtype", default=None,
                    help="model dtype (default: vLLM's on a GPU; on a CPU bfloat16 only with native bf16, else float32)")
@@ -60,7 +73,14 @@ def _front_ends_on(dep, cores: set[int] | None):
 
 def run(args: argparse.Namespace) -> int:
     from pdlab.process import PortInUseError, ServerStartError
-    from pdlab.serve import DeployPorts, RolePlacement, colocated, disaggregated
+    from pdlab.serve.engines.deploy import (
+        DeployPorts,
+        RolePlacement,
+        colocated,
+        colocated_replicas,
+        disaggregated,
+    )
+    from pdlab.serve.engines.vllm_router import RouterMissingError
 
     front_cores = None
     if args.front_end_cores:
@@ -78,6 +98,15 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "colocated":
         common.pop("kv_buffer_device", None)
         dep = colocated(model, port=args.port, cores=args.cores, gpus=args.gpus, **common)
+    elif args.mode == "replicas":
+        common.pop("kv_buffer_device", None)
+        places = args.replica_cores or args.replica_gpus
+        count = args.num_replicas or (len(places) if places else 2)
+        try:
+            dep = colocated_replicas(model, count=count, places=places, port=args.port, replica_port=args.port + 100,
+                                     policy=args.policy, **common)
+        except ValueError as exc:
+            raise CLIError(f"replicas: {exc}") from exc
     else:
         placements_p = args.prefill_cores or args.prefill_gpus
         placements_d = args.decode_cores or args.decode_gpus
@@ -93,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
             info = {"mode": args.mode, "url": dep.url, "servers": [
                 {"role": s.spec.role, "url": s.url, "cores": s.spec.cores, "gpus": s.spec.gpus,
                  "log": str(s.log_path), "pid": s.process.pid if s.process else None} for s in dep.servers],
+                "front_door": dep.front_door if dep.proxy else None,
                 "proxy_log": str(dep.proxy.log_path) if dep.proxy else None, "startup_s": dep.startup_s,
                 "front_end_cores": sorted(front_cores) if front_cores else None}
             emit(info, args.json, dep.describe() + f"\nready in {dep.startup_s:.0f} s — Ctrl-C stops everything")
@@ -100,5 +130,5 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(1.0)
             dead = [s.spec.label for s in dep.servers if not s.alive()]
             raise CLIError(f"a server exited: {', '.join(dead) or 'proxy'}; see the logs above")
-    except (PortInUseError, ServerStartError) as exc:
+    except (PortInUseError, ServerStartError, RouterMissingError) as exc:
         raise CLIError(str(exc)) from exc

@@ -1,4 +1,5 @@
-"""Deployments: one colocated vLLM server, or xPyD prefill/decode servers behind the proxy.
+"""Deployments: one colocated vLLM server, N colocated replicas behind vllm-router, or xPyD
+prefill/decode servers behind the proxy.
 
 Both are context managers that start everything, wait for health, and stop every process on
 every path (normal exit, exception, Ctrl-C; ``atexit`` and SIGTERM through
@@ -7,7 +8,9 @@ every path (normal exit, exception, Ctrl-C; ``atexit`` and SIGTERM through
 Same hardware budget both ways, as the labs compare them:
 
 - CPU (2 cores): colocated on cores ``"0-1"`` vs prefill on core ``"0"`` + decode on core ``"1"``;
-- GPU: colocated on GPUs ``"0,1"`` (tensor parallel 2) vs prefill on ``"0"`` + decode on ``"1"``.
+- GPU: colocated on GPUs ``"0,1"`` (tensor parallel 2) vs prefill on ``"0"`` + decode on ``"1"``;
+- either: two colocated replicas, one per core / GPU, behind ``vllm-router`` in plain round-robin
+  mode (:func:`colocated_replicas`), vs prefill on the first + decode on the second.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ from pdlab.process import (
     wait_http_ok,
 )
 from pdlab.serve.engines.vllm import VLLMServer, VLLMServerSpec, detect_serve_device
+from pdlab.serve.engines.vllm_router import ROUTER_POLICIES, start_vllm_router_workers
 from pdlab.serve.measure.evidence import MetricsSnapshot, scrape_metrics
 
-__all__ = ["Deployment", "DeployPorts", "RolePlacement", "colocated", "disaggregated", "start_proxy"]
+__all__ = ["Deployment", "DeployPorts", "RolePlacement", "colocated", "colocated_replicas", "disaggregated",
+           "replica_places", "start_proxy"]
 
 
 def start_proxy(prefill_urls: Sequence[str], decode_urls: Sequence[str], *, port: int = 8000,
@@ -61,11 +66,20 @@ def start_proxy(prefill_urls: Sequence[str], decode_urls: Sequence[str], *, port
 class Deployment:
     """Servers (and a proxy) started together; ``url`` is where clients send requests."""
 
+    #: The front doors a deployment can have in front of its servers: the course's P/D proxy, or
+    #: vllm-router in plain mode over colocated servers (:func:`colocated_replicas`).
+    FRONT_DOORS = ("proxy", "vllm-router")
+
     def __init__(self, kind: str, servers: list[VLLMServer], proxy_port: int | None = None,
-                 proxy_read_timeout_s: float = 30.0, ready_timeout_s: float = 600.0, warmup: bool = True):
+                 proxy_read_timeout_s: float = 30.0, ready_timeout_s: float = 600.0, warmup: bool = True,
+                 front_door: str = "proxy", router_policy: str = "round_robin"):
+        if front_door not in self.FRONT_DOORS:
+            raise ValueError(f"front_door must be one of {self.FRONT_DOORS}, got {front_door!r}")
         self.kind = kind
         self.servers = servers
         self.proxy_port = proxy_port
+        self.front_door = front_door
+        self.router_policy = router_policy
         self.proxy_read_timeout_s = proxy_read_timeout_s
         self.ready_timeout_s = ready_timeout_s
         self.warmup = warmup
@@ -95,7 +109,10 @@ class Deployment:
                 server.start()
             for server in self.servers:
                 server.wait_ready(self.ready_timeout_s)
-            if self.proxy_port is not None:
+            if self.proxy_port is not None and self.front_door == "vllm-router":
+                self.proxy = start_vllm_router_workers([s.url for s in self.servers], port=self.proxy_port,
+                                                       policy=self.router_policy).proc
+            elif self.proxy_port is not None:
                 self.proxy = start_proxy([s.url for s in self.prefill], [s.url for s in self.decode],
                                          port=self.proxy_port, read_timeout_s=self.proxy_read_timeout_s)
             self.startup_s = time.monotonic() - t0
@@ -144,7 +161,7 @@ class Deployment:
                 except OSError as exc:  # URLError and HTTPError included
                     raise fail(server.url, exc) from exc
         if self.proxy_port is not None:
-            for i in range(rounds * max(len(self.prefill), len(self.decode))):
+            for i in range(rounds * (max(len(self.prefill), len(self.decode)) or len(self.servers))):
                 for attempt in range(1, proxy_attempts + 1):
                     try:
                         post(self.url, i)
@@ -179,8 +196,8 @@ class Deployment:
 
     def restart_proxy(self, extra_args: Sequence[str] = ()) -> ManagedProcess:
         """Stop the proxy (a killed one too) and start it again on its port, with ``extra_args``."""
-        if self.proxy_port is None:
-            raise ValueError("this deployment has no proxy")
+        if self.proxy_port is None or self.front_door != "proxy":
+            raise ValueError(f"this deployment has no proxy (front door: {self.front_door if self.proxy_port else None})")
         if self.proxy is not None:
             self.proxy.stop()
         self.proxy = start_proxy([s.url for s in self.prefill], [s.url for s in self.decode], port=self.proxy_port,
@@ -253,7 +270,8 @@ class Deployment:
             place = f"cores {s.spec.cores}" if s.spec.resolved_device() == "cpu" else f"GPUs {s.spec.gpus}"
             lines.append(f"  {s.spec.role:<9} {s.url}  {place}  log {s.log_path}")
         if self.proxy is not None:
-            lines.append(f"  proxy     {self.url}  log {self.proxy.log_path}")
+            door = "proxy" if self.front_door == "proxy" else f"vllm-router ({self.router_policy})"
+            lines.append(f"  {door:<9} {self.url}  log {self.proxy.log_path}")
         return "\n".join(lines)
 
     def __enter__(self) -> Deployment:
@@ -283,6 +301,51 @@ def colocated(model: str | Path, *, port: int = 8100, cores: str | None = None, 
                           cores=cores if cores is not None else (all_ if dev == "cpu" else None),
                           gpus=gpus if gpus is not None else (all_ if dev == "cuda" else None), **spec_kwargs)
     return Deployment("colocated", [VLLMServer(spec)], ready_timeout_s=ready_timeout_s, warmup=warmup)
+
+
+def replica_places(count: int, device: str, places: Sequence[str] | None = None) -> list[str]:
+    """Where each of ``count`` replicas runs: ``places`` (one entry each, taskset cores or GPU ids), else
+    replica ``i`` on core / GPU ``i``. ValueError when the count is wrong or two replicas share a core / GPU."""
+    if count < 1:
+        raise ValueError(f"need at least one replica, got {count}")
+    chosen = [str(i) for i in range(count)] if places is None else [str(p) for p in places]
+    if len(chosen) != count:
+        raise ValueError(f"need one placement per replica ({count}), got {chosen}")
+    if device == "cpu":
+        sets = [set(parse_cpu_list(p)) for p in chosen]
+        shared = sorted({c for i, a in enumerate(sets) for b in sets[i + 1:] for c in a & b})
+        if shared:
+            raise ValueError(f"replicas {chosen} share cores {shared}: each engine needs cores of its own")
+    elif len(set(chosen)) != len(chosen):
+        raise ValueError(f"replicas {chosen} share a GPU: each engine needs GPUs of its own")
+    return chosen
+
+
+def colocated_replicas(model: str | Path, *, count: int = 2, places: Sequence[str] | None = None,
+                       port: int = 8000, replica_port: int = 8100, policy: str = "round_robin",
+                       device: str = "auto", ready_timeout_s: float = 600.0, warmup: bool = True,
+                       **spec_kwargs) -> Deployment:
+    """``count`` colocated servers, each on cores / GPUs of its own, behind ``vllm-router`` in plain mode.
+
+    The router listens on ``port`` (the entry point) and sends each request whole to one replica by
+    ``policy`` (``round_robin``: in turn). Replica ``i`` listens on ``replica_port + i`` and runs on
+    ``places[i]`` (default: core / GPU ``i``; on a CPU its whole process tree, API server included, stays
+    there). On the course's 2-core machine that is the same hardware as 1P1D: two engines, one per core.
+    ``spec_kwargs`` go to every server's :class:`~pdlab.serve.engines.vllm.VLLMServerSpec`.
+    """
+    if policy not in ROUTER_POLICIES:
+        raise ValueError(f"unknown vllm-router policy {policy!r}; choose one of {', '.join(ROUTER_POLICIES)}")
+    dev = detect_serve_device() if device == "auto" else device
+    chosen = replica_places(count, dev, places)
+    ports = [replica_port + i for i in range(count)]
+    if port in ports:
+        raise ValueError(f"the router's port {port} is one of the replicas' ports {ports}")
+    servers = [VLLMServer(VLLMServerSpec(model=str(model), role="colocated", port=p, device=dev,
+                                         cores=place if dev == "cpu" else None,
+                                         gpus=place if dev == "cuda" else None, **spec_kwargs))
+               for p, place in zip(ports, chosen, strict=True)]
+    return Deployment(f"{count} replicas", servers, proxy_port=port, ready_timeout_s=ready_timeout_s,
+                      warmup=warmup, front_door="vllm-router", router_policy=policy)
 
 
 @dataclass(frozen=True)

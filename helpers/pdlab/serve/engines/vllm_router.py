@@ -1,4 +1,8 @@
-"""vLLM's own PD front door, ``vllm-router --vllm-pd-disaggregation``, as a managed process.
+"""vLLM's own front door, ``vllm-router``, as a managed process, in its two modes.
+
+- PD mode (:func:`start_vllm_router`): ``--vllm-pd-disaggregation`` in front of prefill and decode servers.
+- Plain mode (:func:`start_vllm_router_workers`): ``--worker-urls`` in front of N colocated replicas,
+  each request sent whole to one of them by ``--policy`` (``round_robin``: worker k, k+1, ... in turn).
 
 The binary is a Rust wheel installed in the course's peers environment (``scripts/install_peers.sh``
 → ``.venv-peers/bin/vllm-router``; ``$PDLAB_PEERS_VENV`` overrides the place). It is started by the
@@ -25,7 +29,12 @@ from pathlib import Path
 from pdlab.paths import build_dir, peers_venv
 from pdlab.process import ManagedProcess, ServerStartError, check_port_free, spawn, wait_http_ok
 
-__all__ = ["RouterMissingError", "find_vllm_router", "start_vllm_router", "VLLMRouter", "idle_cpu_fraction"]
+__all__ = ["RouterMissingError", "find_vllm_router", "router_argv", "start_vllm_router", "start_vllm_router_workers",
+           "VLLMRouter", "idle_cpu_fraction", "ROUTER_POLICIES"]
+
+#: The ``--policy`` values vllm-router 0.1.17 accepts (``vllm-router --help``).
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+                   "sticky_least_loaded")
 
 
 class RouterMissingError(FileNotFoundError):
@@ -46,13 +55,17 @@ def find_vllm_router() -> Path:
 
 
 class VLLMRouter:
-    """A running ``vllm-router`` in vLLM PD mode; ``url`` is the front door."""
+    """A running ``vllm-router``; ``url`` is the front door. PD mode fills ``prefill`` and ``decode``,
+    plain mode ``workers``."""
 
-    def __init__(self, proc: ManagedProcess, port: int, prefill: list[str], decode: list[str]):
+    def __init__(self, proc: ManagedProcess, port: int, prefill: list[str], decode: list[str],
+                 workers: list[str] | None = None, policy: str = "round_robin"):
         self.proc = proc
         self.port = port
         self.prefill = prefill
         self.decode = decode
+        self.workers = list(workers or [])
+        self.policy = policy
         self.startup_s: float | None = None
 
     @property
@@ -80,6 +93,8 @@ class VLLMRouter:
         self.stop()
 
     def __repr__(self) -> str:
+        if self.workers:
+            return f"VLLMRouter({self.url}, workers={self.workers}, policy={self.policy}, alive={self.alive()})"
         return f"VLLMRouter({self.url}, prefill={self.prefill}, decode={self.decode}, alive={self.alive()})"
 
 
@@ -98,11 +113,82 @@ def idle_cpu_fraction(pid: int, seconds: float = 3.0) -> float:
     return (c1 - c0) / hz / (t1 - t0)
 
 
+def _urls(value: str | Sequence[str], what: str) -> list[str]:
+    urls = [value] if isinstance(value, str) else list(value)
+    if not urls:
+        raise ValueError(f"vllm-router needs at least one {what} URL, got none")
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ValueError(f"{what} URLs must start with http:// or https://, got {bad}")
+    return urls
+
+
+def router_argv(binary: str | Path, *, port: int, prefill: Sequence[str] = (), decode: Sequence[str] = (),
+                workers: Sequence[str] = (), kv_connector: str = "nixl", policy: str = "round_robin",
+                request_timeout_s: int = 120, extra_args: Sequence[str] = ()) -> list[str]:
+    """The command line of one vllm-router on 127.0.0.1:``port``.
+
+    ``workers`` (plain mode): ``--worker-urls W1 W2 ...``, each request sent whole to one worker.
+    ``prefill`` and ``decode`` (PD mode): ``--vllm-pd-disaggregation --kv-connector ... --prefill P
+    --decode D``. Give one mode's URLs, not both; ValueError names what is wrong.
+    """
+    if policy not in ROUTER_POLICIES:
+        raise ValueError(f"unknown vllm-router policy {policy!r}; choose one of {', '.join(ROUTER_POLICIES)}")
+    pd_mode = bool(prefill) or bool(decode)
+    if pd_mode and workers:
+        raise ValueError("give vllm-router either workers (plain mode) or prefill and decode (PD mode), not both")
+    argv = [str(binary), "--host", "127.0.0.1", "--port", str(port)]
+    if pd_mode:
+        prefill_urls, decode_urls = _urls(prefill, "prefill"), _urls(decode, "decode")
+        argv += ["--vllm-pd-disaggregation", "--kv-connector", kv_connector]
+    else:
+        argv += ["--worker-urls", *_urls(workers, "worker")]
+    argv += ["--policy", policy, "--request-timeout-secs", str(request_timeout_s), "--log-level", "warning"]
+    if pd_mode:
+        for url in prefill_urls:
+            argv += ["--prefill", url]
+        for url in decode_urls:
+            argv += ["--decode", url]
+    return argv + list(extra_args)
+
+
+def _launch(argv: list[str], port: int, log: Path, timeout_s: float, **fields) -> VLLMRouter:
+    """Start ``argv`` and wait for its ``/health``; stop it on every failure. ``fields`` go to :class:`VLLMRouter`."""
+    proc = spawn(f"vllm-router-{port}", argv, log)
+    router = VLLMRouter(proc, port, **fields)
+    try:
+        router.startup_s = wait_http_ok(proc, f"{router.url}/health", timeout_s, poll_s=0.2)
+    except BaseException:
+        proc.stop()
+        raise
+    if not proc.alive():
+        raise ServerStartError(f"vllm-router exited right after start; log {log}:\n{proc.log_tail()}")
+    return router
+
+
+def start_vllm_router_workers(workers: Sequence[str], *, port: int, policy: str = "round_robin",
+                              timeout_s: float = 30.0, request_timeout_s: int = 120,
+                              log_dir: str | Path | None = None, extra_args: Sequence[str] = ()) -> VLLMRouter:
+    """Start ``vllm-router --worker-urls ...`` (plain mode) on 127.0.0.1:``port`` in front of colocated
+    servers; wait until ``/health`` answers. With ``policy="round_robin"`` the k-th request it receives
+    goes to worker ``k mod len(workers)`` (the count runs on from the router's start, warm-up included).
+
+    Raises as :func:`start_vllm_router` does; ValueError for a bad URL or policy, before anything starts.
+    """
+    argv_tail = router_argv("vllm-router", port=port, workers=workers, policy=policy,
+                            request_timeout_s=request_timeout_s, extra_args=extra_args)[1:]
+    binary = find_vllm_router()
+    check_port_free(port, what="vllm-router")
+    log = Path(log_dir or build_dir() / "serve") / f"vllm-router-{port}.log"
+    return _launch([str(binary), *argv_tail], port, log, timeout_s, prefill=[], decode=[],
+                   workers=_urls(workers, "worker"), policy=policy)
+
+
 def start_vllm_router(prefill: str | Sequence[str], decode: str | Sequence[str], *, port: int,
                       kv_connector: str = "nixl", policy: str = "round_robin", timeout_s: float = 30.0,
                       request_timeout_s: int = 120, log_dir: str | Path | None = None,
                       extra_args: Sequence[str] = ()) -> VLLMRouter:
-    """Start ``vllm-router --vllm-pd-disaggregation`` on 127.0.0.1:``port``; wait until ``/health`` answers.
+    """Start ``vllm-router --vllm-pd-disaggregation`` (PD mode) on 127.0.0.1:``port``; wait until ``/health`` answers.
 
     Raises :class:`RouterMissingError` if the binary is absent, :class:`~pdlab.process.PortInUseError`
     if ``port`` is taken, :class:`~pdlab.process.ServerStartError` (with its log's tail) if it exits or
@@ -112,22 +198,7 @@ def start_vllm_router(prefill: str | Sequence[str], decode: str | Sequence[str],
     check_port_free(port, what="vllm-router")
     prefill_urls = [prefill] if isinstance(prefill, str) else list(prefill)
     decode_urls = [decode] if isinstance(decode, str) else list(decode)
-    argv = [str(binary), "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation",
-            "--kv-connector", kv_connector, "--policy", policy,
-            "--request-timeout-secs", str(request_timeout_s), "--log-level", "warning"]
-    for url in prefill_urls:
-        argv += ["--prefill", url]
-    for url in decode_urls:
-        argv += ["--decode", url]
-    argv += list(extra_args)
+    argv = router_argv(binary, port=port, prefill=prefill_urls, decode=decode_urls, kv_connector=kv_connector,
+                       policy=policy, request_timeout_s=request_timeout_s, extra_args=extra_args)
     log = Path(log_dir or build_dir() / "serve") / f"vllm-router-{port}.log"
-    proc = spawn(f"vllm-router-{port}", argv, log)
-    router = VLLMRouter(proc, port, prefill_urls, decode_urls)
-    try:
-        router.startup_s = wait_http_ok(proc, f"{router.url}/health", timeout_s, poll_s=0.2)
-    except BaseException:
-        proc.stop()
-        raise
-    if not proc.alive():
-        raise ServerStartError(f"vllm-router exited right after start; log {log}:\n{proc.log_tail()}")
-    return router
+    return _launch(argv, port, log, timeout_s, prefill=prefill_urls, decode=decode_urls, policy=policy)
