@@ -288,7 +288,7 @@ def test_disaggregated_sim_follows_the_proxy_protocol():
     assert math.isclose(rec.ttft_s, expected_ttft, rel_tol=1e-9)
     assert rec.output_tokens == 10 and len(rec.token_times_s) == 10
     with pytest.raises(ValueError, match="mode must be"):
-        build_sim("chunked", Calibration(TRUE))
+        build_sim("pd", Calibration(TRUE))
 
 
 def test_disaggregated_sim_applies_measured_contention_and_vllm_handoff():
@@ -471,7 +471,7 @@ def test_prefill_core_load_stretches_the_pairs_prefill_by_the_co_runners_share_a
         assert b.tpot_s == pytest.approx(a.tpot_s)
     with pytest.raises(ValueError, match="co-runners would need 1.30 cores"):
         with_prefill_core_load(lat, run, [Request(i, i / 60.0, 8, 1) for i in range(4)])
-    with pytest.raises(ValueError, match="colocated replay cannot apply the calibration's run_fit"):
+    with pytest.raises(ValueError, match="run_fit.prefill_core: measured on a prefill/decode pair's prefill core"):
         replay(sparse, "colocated", Calibration(lat, run_fit=run))
     with pytest.raises(ValueError, match="must be a finite number >= 0"):
         RunFit(front_end_s=-1.0)
@@ -629,9 +629,9 @@ def test_colocated_replay_charges_a_prefill_the_engine_part_and_keeps_a_lone_ttf
     per_token = 2.0e-5 * 200 + 3.0e-9 * 200 ** 2
     assert held_up(split) == pytest.approx(0.004 + per_token, abs=2e-5)
     assert held_up(lat) == pytest.approx(0.012 - 0.003 + per_token, abs=2e-5)
+    # on a pair the stall carries to the prefill engine: a lone prompt's TTFT is again unchanged
     pair = [Request(0, 0.0, 200, 4)]
-    with pytest.raises(ValueError, match="disaggregated replay cannot apply the calibration's prefill_stall"):
-        replay(pair, "disaggregated", split)
+    assert replay(pair, "disaggregated", split)[0].ttft_s == pytest.approx(replay(pair, "disaggregated", lat)[0].ttft_s)
 
 
 def test_decode_matched_to_the_runs_median_tpot():
@@ -726,10 +726,18 @@ def test_profile_terms_the_simulator_cannot_apply_are_errors_that_name_them(tmp_
 
     pair = save_calibration(_pair_calibration(), tmp_path / "pair.json")
     base = ["simulate", "--synthetic", "--requests", "5", "--profile"]
-    assert main(base + [str(pair), "--mode", "colocated"]) == 2
-    assert "colocated replay cannot apply the calibration's kv_link, cpu_contention" in capsys.readouterr().err
-    assert main(base + [str(pair), "--mode", "disaggregated", "--prefill", "2"]) == 2
-    assert "drop --prefill" in capsys.readouterr().err
+    assert main(base + [str(pair), "--mode", "colocated", "--instances", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot carry to 2 colocated engines (round_robin): cpu_contention: measured as a prefill role's" in err
+    assert "run_fit.prefill_core: measured on a prefill/decode pair's prefill core" in err
+    assert main(base + [str(pair), "--mode", "colocated", "--without", "run_fit.prefill_core"]) == 0
+    out = capsys.readouterr().out
+    assert "kv_link (not used): no KV hand-off between colocated engines" in out
+    assert "cpu_contention (not used): one engine" in out
+    assert main(base + [str(pair), "--mode", "disaggregated", "--tp", "2"]) == 2
+    assert "calibrates one TP1×PP1 engine" in capsys.readouterr().err
+    assert main(base + [str(pair), "--mode", "disaggregated", "--without", "admission_x"]) == 2
+    assert "unknown term(s) admission_x" in capsys.readouterr().err
     data = json.loads(pair.read_text())
     data["decode_spin_s"] = 0.01
     odd = tmp_path / "odd.json"

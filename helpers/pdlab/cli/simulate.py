@@ -41,10 +41,16 @@ def add_run_parser(sub: Subcommands, name: str = "run", *, help: str = RUN_HELP,
     p.add_argument("--arrival", choices=["poisson", "gamma"], default="poisson", help="synthetic arrival process")
     p.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation (burstiness)")
     p.add_argument("--seed", type=int, default=0, help="synthetic: seed")
-    p.add_argument("--mode", choices=["colocated", "chunked", "disaggregated"], required=True)
+    p.add_argument("--mode", choices=["colocated", "chunked", "disaggregated"], required=True,
+                   help="colocated: continuous batching without chunked prefill (a step prefills whole prompts or "
+                   "decodes); chunked: Sarathi-Serve chunked prefill within --token-budget; disaggregated: prefill and decode instances joined by a "
+                   "KV link. With a calibrated --profile, colocated and chunked are the same: the calibrated engine "
+                   "is vLLM V1, whose scheduler always chunks prefills within its token budget "
+                   "(--max-num-batched-tokens, here --token-budget), and both simulate that scheduler")
     p.add_argument("--gpu", help="catalog GPU, e.g. h100-sxm (not needed with a calibrated --profile)")
     p.add_argument("--model", help="catalog model, e.g. llama-3-70b (not needed with a calibrated --profile)")
-    p.add_argument("--instances", type=int, help="colocated/chunked: number of instances (default 1)")
+    p.add_argument("--instances", type=int, help="colocated/chunked: number of instances, replicas of the calibrated "
+                   "engine with a calibrated --profile (default 1)")
     p.add_argument("--prefill", type=int, help="disaggregated: prefill instances (default 1)")
     p.add_argument("--decode", type=int, help="disaggregated: decode instances (default 1)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism per instance (default 1)")
@@ -60,8 +66,16 @@ def add_run_parser(sub: Subcommands, name: str = "run", *, help: str = RUN_HELP,
     p.add_argument("--dispatch", choices=["round_robin", "shortest_queue", "least_loaded"],
                    help="dispatch of arrivals (default: round_robin, shortest_queue when disaggregated)")
     p.add_argument("--profile", help="latency profile JSON (DistServe-style fit) instead of the roofline model; "
-                   "one written by `pdlab sim calibrate` or lab 05 is replayed with all its terms "
-                   "(pdlab.simreal.replay, the live set-up of one server or one prefill/decode pair)")
+                   "one written by `pdlab sim calibrate` or lab 05 (format pdlab-latency-profile/1) simulates any "
+                   "deployment of the calibrated engine (--instances and --dispatch, --mode chunked, --prefill and "
+                   "--decode) with every term that carries to it (pdlab.simreal.replay.carry); a term that cannot "
+                   "carry is an error that names it")
+    p.add_argument("--front-end-shares-core", action="store_true",
+                   help="calibrated --profile: each engine's front end (its API server) runs on the engine's core, "
+                   "as two replicas on a two-core host: the profile's front_end_core term slows every engine")
+    p.add_argument("--without", default="",
+                   help="calibrated --profile: comma-separated terms to leave out on purpose (e.g. cpu_contention, "
+                   "run_fit.prefill_core), where one cannot carry to the deployment asked for")
     p.add_argument("--kv-capacity-tokens", type=int, default=131072,
                    help="calibrated --profile: KV tokens each instance holds (default 131072)")
     add_slo_arguments(p)
@@ -136,47 +150,61 @@ def _requests(args: argparse.Namespace):
 
 
 def _calibration(args: argparse.Namespace):
-    """The profile's calibration when it holds terms beyond the coefficients, else None; CLIError
-    naming the terms where the options ask for a set-up the replay does not build."""
+    """The profile's calibration when it holds terms beyond the coefficients, else None (``--without``
+    applied); CLIError for options a calibrated engine cannot take."""
     from pdlab.simreal.calibration import load_calibration
 
     try:
         cal = load_calibration(args.profile)
+        cal = cal.without(*[t.strip() for t in args.without.split(",") if t.strip()])
     except (OSError, ValueError) as exc:
         raise CLIError(str(exc)) from None
-    terms = cal.terms()
-    if not terms:
+    if not cal.terms():
+        if args.front_end_shares_core:
+            raise CLIError(f"--front-end-shares-core needs the profile's front_end_core term; {args.profile} has none")
         return None
-    other = [flag for flag, used in (("--instances", args.instances not in (None, 1)),
-                                     ("--prefill", args.prefill not in (None, 1)),
-                                     ("--decode", args.decode not in (None, 1)),
-                                     ("--tp/--pp", args.tp != 1 or args.pp != 1),
-                                     ("--decode-tp/--decode-pp", args.decode_tp not in (None, 1)
-                                      or args.decode_pp not in (None, 1)),
-                                     ("--link/--bandwidth-gbs", bool(args.link or args.bandwidth_gbs)),
-                                     ("--layerwise-overlap", args.layerwise_overlap),
-                                     ("--dispatch", args.dispatch is not None),
-                                     ("--mode chunked", args.mode == "chunked")) if used]
-    if other:
-        raise CLIError(f"{args.profile} holds calibrated terms ({', '.join(terms)}) that the simulator applies only "
-                       f"to the live set-up it was measured on (one server or one prefill/decode pair); "
-                       f"drop {', '.join(other)}")
+    lat = cal.latency
+    engine = f"TP{lat.tp}×PP{lat.pp}"
+    for flag, tp, pp in (("--tp/--pp", args.tp, args.pp),
+                         ("--decode-tp/--decode-pp", args.decode_tp or args.tp, args.decode_pp or args.pp)):
+        if (tp, pp) != (lat.tp, lat.pp):
+            raise CLIError(f"{flag}: {args.profile} calibrates one {engine} engine (its step-time rows); "
+                           f"a TP{tp}×PP{pp} engine is another engine: calibrate it")
+    if args.link or args.bandwidth_gbs or args.layerwise_overlap:
+        raise CLIError(f"--link/--bandwidth-gbs/--layerwise-overlap: the KV link of {args.profile} is its measured "
+                       "kv_link (a latency and a time per token, the hand-off end to end); they describe a catalog "
+                       "link in bytes/s")
     return cal
 
 
+def _deployment(args: argparse.Namespace):
+    """The :class:`pdlab.simreal.replay.Deployment` the placement flags ask for."""
+    from pdlab.simreal.replay import Deployment
+
+    return Deployment(args.mode, instances=args.instances or 1, prefill=args.prefill or 1, decode=args.decode or 1,
+                      dispatch=args.dispatch, front_end_shares_core=args.front_end_shares_core)
+
+
+#: Words for a calibrated engine's device: what one engine runs on.
+_UNITS = {"cpu": ("core", "cores"), "cuda": ("GPU", "GPUs"), None: ("engine", "engines")}
+
+
 def _replay(args: argparse.Namespace, cal, reqs):
-    """Records of the calibrated replay (:func:`pdlab.simreal.replay.replay`), wall seconds."""
+    """Records of the calibrated replay (:func:`pdlab.simreal.replay.replay`), the deployment, how
+    each term carried (:func:`pdlab.simreal.replay.carry`), wall seconds."""
     import time
 
-    from pdlab.simreal.replay import replay
+    from pdlab.simreal.replay import carry, replay
 
     t0 = time.perf_counter()
     try:
-        recs = replay(reqs, args.mode, cal, kv_capacity_tokens=args.kv_capacity_tokens,
+        dep = _deployment(args)
+        how = carry(cal, dep)
+        recs = replay(reqs, dep, cal, kv_capacity_tokens=args.kv_capacity_tokens,
                       token_budget=args.token_budget, max_num_seqs=args.max_num_seqs)
     except ValueError as exc:
         raise CLIError(f"{args.profile}: {exc}") from None
-    return recs, time.perf_counter() - t0
+    return recs, dep, how, time.perf_counter() - t0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -192,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
     if not disagg and (args.link or args.bandwidth_gbs):
         raise CLIError("--link/--bandwidth-gbs need --mode disaggregated")
     slo = slo_from_args(args)
+    if not args.profile and (args.front_end_shares_core or args.without):
+        raise CLIError("--front-end-shares-core and --without need a calibrated --profile")
     cal = _calibration(args) if args.profile else None
     if cal is None and not (args.gpu and args.model):
         raise CLIError("--gpu and --model are needed (only a calibrated --profile runs without them)")
@@ -211,9 +241,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         kwargs.update(instances=args.instances or 1)
     reqs = _requests(args)
+    units = ("GPU", "GPUs")
     if cal is not None:
-        records, sim_wall_s = _replay(args, cal, reqs)
-        s = {**summarize(records, slo, num_gpus=2 if disagg else 1), "num_gpus": 2 if disagg else 1,
+        records, dep, how, sim_wall_s = _replay(args, cal, reqs)
+        units = _UNITS[cal.device]
+        s = {**summarize(records, slo, num_gpus=dep.engines), "num_gpus": dep.engines if units[0] == "GPU" else None,
              "preemptions": sum(r.preemptions for r in records)}
     else:
         result = simulate(reqs, args.mode, args.gpu, args.model, record_token_times=bool(args.records), **kwargs)
@@ -228,6 +260,12 @@ def run(args: argparse.Namespace) -> int:
                    per_gpu_goodput_rps=s.get("per_gpu_goodput_rps"), sim_wall_s=sim_wall_s,
                    mode=args.mode, gpu=args.gpu, model=args.model,
                    calibrated_terms=cal.terms() if cal is not None else None)
+    if cal is not None:
+        per_engine = payload.pop("per_gpu_goodput_rps")
+        payload.update(deployment=str(dep), engines=dep.engines, device=cal.device, carried_terms=how.applied,
+                       unused_terms=how.unused, **{f"per_{units[0].lower()}_goodput_rps": per_engine})
+        if units[0] == "core":
+            payload["num_cores"] = dep.engines
     if args.records:
         path = Path(args.records)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -235,11 +273,16 @@ def run(args: argparse.Namespace) -> int:
             for rec in records:
                 fh.write(json.dumps(rec.as_dict(with_token_times=True)) + "\n")
         payload["records_path"] = str(path)
-    text = (f"{args.mode}: {payload['completed']}/{payload['requests']} requests on {payload['num_gpus']} GPUs, "
+    n = dep.engines if cal is not None else payload["num_gpus"]
+    where = f"{dep}: " if cal is not None else f"{args.mode}: "
+    text = (f"{where}{payload['completed']}/{payload['requests']} requests on {n} {units[n != 1]}, "
             f"TTFT p50/p99 {payload['ttft_p50_s']:.3f}/{payload['ttft_p99_s']:.3f} s, "
             f"TPOT p50/p99 {payload['tpot_p50_s'] * 1e3:.1f}/{payload['tpot_p99_s'] * 1e3:.1f} ms")
     if slo is not None:
         text += f", SLO attainment {payload['slo_attainment']:.1%}, goodput {payload['goodput_rps']:.3f} req/s"
     text += f" (simulated in {sim_wall_s:.2f} s)"
+    if cal is not None:
+        text += "".join(f"\n  {term}: {why}" for term, why in how.applied.items())
+        text += "".join(f"\n  {term} (not used): {why}" for term, why in how.unused.items())
     emit(payload, args.json, text)
     return 0

@@ -7,8 +7,14 @@ by lab 05 and by ``pdlab simulate --profile``) reads only them. In a profile JSO
 are read by :func:`pdlab.sim.latency.load_profile` too) each record is one key, written by its
 ``to_dict`` and read back by its ``from_dict``: ``kv_link`` (:class:`LinkFit`), ``cpu_contention``
 (:class:`Contention`), ``admission`` (:class:`Admission`), ``prefill_stall`` (:class:`PrefillStall`),
-``run_fit`` (:class:`RunFit`), ``points`` (a list of :class:`StepPoint`), beside ``handoff_points``
-and ``calibration_s``. A profile without one of those keys has none of that measurement; a
+``run_fit`` (:class:`RunFit`), ``front_end_core`` (:class:`CoreShare`), ``points`` (a list of
+:class:`StepPoint`), beside ``handoff_points`` and ``calibration_s``.
+
+Each term belongs to what it describes, so it carries to any deployment built from the same
+engines (:mod:`pdlab.simreal.replay`, :func:`~pdlab.simreal.replay.carry`): an engine on its core
+(the step-time rows, the prefill stall, the cost of a front end, a client or a second engine
+sharing its core: ``front_end_core``, ``run_fit``'s prefill core load, ``cpu_contention``) or the
+link between a prefill and a decode engine (``kv_link``). A profile without one of those keys has none of that measurement; a
 hand-written entry may leave fields out: a missing time reads as NaN, a missing count as 0, a
 missing factor, latency or per-token time as 0 (no effect in the simulator).
 """
@@ -18,14 +24,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from pdlab.sim.latency import PROFILE_FORMAT, FittedLatency, load_profile
 
-__all__ = ["StepPoint", "step_points", "LinkFit", "Contention", "Admission", "PrefillStall", "RunFit", "Calibration",
-           "TERM_KEYS", "INFO_KEYS", "save_calibration", "load_calibration"]
+__all__ = ["StepPoint", "step_points", "LinkFit", "Contention", "Admission", "PrefillStall", "RunFit", "CoreShare",
+           "Calibration", "TERM_KEYS", "INFO_KEYS", "save_calibration", "load_calibration"]
 
 _NAN = float("nan")
 
@@ -309,12 +315,59 @@ class RunFit(_ProfileEntry):
         return self.prefill_core_base_cores > 0 or self.prefill_core_cpu_s_per_request > 0
 
 
+@dataclass(frozen=True)
+class CoreShare(_ProfileEntry):
+    """A front end (the engine's API server: HTTP, tokenisation, streaming tokens back) measured as
+    the CPU it takes (:func:`pdlab.simreal.probe_frontend.probe_front_end_core`), for deployments
+    that run it on its engine's core, as two replicas on a two-core host do.
+
+    ``base_cores``: cores it takes while requests are in flight through its engine (cores).
+    ``cpu_s_per_request``: CPU seconds per request through its engine (s).
+    ``requests`` / ``windows``: requests and CPU sample windows behind the fit (count); ``r2``: the
+    fit's R² (:func:`pdlab.simreal.runfit.split_co_runner_cpu`). ``rate_rps``: the probe's rate (req/s).
+
+    The simulator applies it per engine whose front end shares its core
+    (:class:`pdlab.simreal.replay.Deployment`, ``front_end_shares_core``): the engine's step times
+    are stretched by ``1 / (1 − u)``, ``u`` = ``base_cores`` + (the rate through that engine) ×
+    ``cpu_s_per_request``; an engine whose front end runs on another core is not slowed by it.
+
+    The profile's ``front_end_core`` entry; missing fields read as 0 (R² and the rate as NaN).
+    """
+
+    _MISSING: ClassVar[Mapping[str, Any]] = {"base_cores": 0.0, "cpu_s_per_request": 0.0, "requests": 0,
+                                             "windows": 0, "r2": _NAN, "rate_rps": _NAN}
+
+    base_cores: float = 0.0
+    cpu_s_per_request: float = 0.0
+    requests: int = 0
+    windows: int = 0
+    r2: float = _NAN
+    rate_rps: float = _NAN
+
+    def __post_init__(self) -> None:
+        for name in ("base_cores", "cpu_s_per_request"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"CoreShare.{name} must be a finite number >= 0, got {v!r}")
+
+    def share(self, rate_rps: float) -> float:
+        """The share of its core the front end takes at ``rate_rps`` requests/s through its engine (cores)."""
+        return self.base_cores + rate_rps * self.cpu_s_per_request
+
+
 #: Profile keys of the terms the replay applies (each a record of this module).
-TERM_KEYS = ("kv_link", "cpu_contention", "prefill_stall", "run_fit", "admission")
+TERM_KEYS = ("kv_link", "cpu_contention", "prefill_stall", "run_fit", "admission", "front_end_core")
 
 #: Profile keys that describe a calibration and change nothing the simulator does.
 INFO_KEYS = ("format", "tp", "pp", "prefill", "decode", "fit", "points", "handoff_points", "calibration_s", "source",
              "model", "gpu", "url", "decode_url", "proxy_url", "probe_plan", "note", "device", "dtype", "setup")
+
+#: Parts of the run fit that :meth:`Calibration.without` drops one at a time.
+DROPPABLE_PARTS = ("run_fit.front_end_s", "run_fit.prefill_core")
+
+#: Calibration fields of the profile keys in :data:`TERM_KEYS`.
+_TERM_FIELDS = {"kv_link": "kv_link", "cpu_contention": "contention", "prefill_stall": "prefill_stall",
+                "run_fit": "run_fit", "admission": "admission", "front_end_core": "front_end_core"}
 
 #: Top-level keys of older profiles that now live in ``run_fit``.
 _LEGACY_RUN_KEYS = ("front_end_s", "prefill_core_base_cores", "prefill_core_cpu_s_per_request")
@@ -344,6 +397,7 @@ class Calibration:
     ``prefill_stall``: what a prefill costs the streams one server decodes, or None (not probed).
     ``run_fit``: what a live run added (front-end delay, prefill core load), or None (probe only).
     ``seconds``: wall time the probes and the fit took (s).
+    ``front_end_core``: the CPU a front end takes on its engine's core, or None (not probed).
     """
 
     latency: FittedLatency
@@ -356,6 +410,7 @@ class Calibration:
     seconds: float = 0.0
     prefill_stall: PrefillStall | None = None
     run_fit: RunFit | None = None
+    front_end_core: CoreShare | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill_points", step_points(self.prefill_points))
@@ -369,7 +424,7 @@ class Calibration:
                 meta[key] = value
         for key, record in (("kv_link", self.kv_link), ("cpu_contention", self.contention),
                             ("admission", self.admission), ("prefill_stall", self.prefill_stall),
-                            ("run_fit", self.run_fit)):
+                            ("run_fit", self.run_fit), ("front_end_core", self.front_end_core)):
             if record is not None:
                 meta[key] = record.to_dict()
         meta["calibration_s"] = float(self.seconds)
@@ -388,7 +443,8 @@ class Calibration:
             run = RunFit.from_dict({k: meta[k] for k in _LEGACY_RUN_KEYS if k in meta})
         return cls(latency, pre, dec, list(meta.get("handoff_points") or []), _typed(meta, "kv_link", LinkFit),
                    _typed(meta, "cpu_contention", Contention), _typed(meta, "admission", Admission),
-                   float(meta.get("calibration_s", 0.0)), _typed(meta, "prefill_stall", PrefillStall), run)
+                   float(meta.get("calibration_s", 0.0)), _typed(meta, "prefill_stall", PrefillStall), run,
+                   _typed(meta, "front_end_core", CoreShare))
 
     def terms(self) -> list[str]:
         """Profile keys of the terms the replay applies that this calibration holds (a contention
@@ -402,7 +458,43 @@ class Calibration:
             out.append("prefill_stall")
         if self.run_fit is not None and (self.run_fit.front_end_s or self.run_fit.has_prefill_core_load):
             out.append("run_fit")
+        if self.front_end_core is not None and (self.front_end_core.base_cores or self.front_end_core.cpu_s_per_request):
+            out.append("front_end_core")
         return out
+
+    def without(self, *terms: str) -> Calibration:
+        """This calibration less ``terms``: profile keys (:data:`TERM_KEYS`), or one part of the run
+        fit, ``run_fit.front_end_s`` or ``run_fit.prefill_core``. What a user drops on purpose where
+        a term cannot carry to the deployment asked for (:func:`pdlab.simreal.replay.carry`).
+        ValueError naming an unknown term."""
+        unknown = sorted(set(terms) - set(TERM_KEYS) - set(DROPPABLE_PARTS))
+        if unknown:
+            raise ValueError(f"unknown term(s) {', '.join(unknown)}; known: {', '.join(TERM_KEYS + DROPPABLE_PARTS)}")
+        changes: dict[str, Any] = {field: None for key, field in _TERM_FIELDS.items()
+                                   if key in terms and key != "run_fit"}
+        run = None if "run_fit" in terms else self.run_fit
+        if run is not None and "run_fit.front_end_s" in terms:
+            run = replace(run, front_end_s=0.0)
+        if run is not None and "run_fit.prefill_core" in terms:
+            run = replace(run, prefill_core_base_cores=0.0, prefill_core_cpu_s_per_request=0.0)
+        return replace(self, **changes, run_fit=run)
+
+    @property
+    def device(self) -> str | None:
+        """The device the calibrated engine ran on, ``"cpu"`` or ``"cuda"``: the profile's ``device``;
+        else ``"cuda"`` where it names a ``gpu``; else, for a server probed on this machine
+        (``url`` on 127.0.0.1 or localhost), this machine's (:func:`pdlab.hardware.resolve_device`);
+        else None (unknown)."""
+        meta = self.latency.meta
+        if meta.get("device"):
+            return "cpu" if str(meta["device"]).lower() == "cpu" else "cuda"
+        if meta.get("gpu"):
+            return "cuda"
+        if any(host in str(meta.get("url", "")) for host in ("//127.0.0.1", "//localhost")):
+            from pdlab.hardware import resolve_device
+
+            return resolve_device("auto")
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         """The profile JSON (``pdlab-latency-profile/1``, as :func:`pdlab.sim.latency.save_profile` writes)."""
@@ -426,7 +518,8 @@ class Calibration:
                 "seconds": self.seconds, "cpu_contention": self.contention and self.contention.to_dict(),
                 "admission": self.admission and self.admission.to_dict(),
                 "prefill_stall": self.prefill_stall and self.prefill_stall.to_dict(),
-                "run_fit": self.run_fit and self.run_fit.to_dict()}
+                "run_fit": self.run_fit and self.run_fit.to_dict(),
+                "front_end_core": self.front_end_core and self.front_end_core.to_dict()}
 
 
 def save_calibration(calibration: Calibration, path: str | Path) -> Path:
