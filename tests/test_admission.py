@@ -6,8 +6,13 @@ import json
 
 import numpy as np
 import pytest
-from pdlab.sched.admission import EngineState, simulate_admission
-from pdlab.serve.proxy.admission import PrefillModel, TTFTAdmission, replay_admission
+from pdlab.sched.admission import (
+    EngineState,
+    PrefillModel,
+    TTFTAdmission,
+    replay_admission,
+    simulate_admission,
+)
 
 MODEL = PrefillModel(0.010, 0.001)  # 10 ms + 1 ms per token
 
@@ -45,7 +50,7 @@ def test_the_queue_grows_with_admitted_prompts_and_shrinks_when_legs_return():
 
 def test_slow_legs_teach_a_slowdown_that_lengthens_the_predicted_queue():
     clock = Clock()
-    policy = TTFTAdmission(MODEL, ttft_slo_s=2.0, clock=clock, learn=0.5)
+    policy = TTFTAdmission(MODEL, ttft_slo_s=2.0, clock=clock, learn=0.5, tail_quantile=None)  # the mean
     policy.start("a", 140)  # predicted 0.15 s
     clock.t += 0.45         # came back 3x slower than predicted
     policy.done("a")
@@ -59,6 +64,25 @@ def test_slow_legs_teach_a_slowdown_that_lengthens_the_predicted_queue():
     assert policy.slowdown == pytest.approx(0.5 * 2.0 + 0.5 * 20.0)
     with pytest.raises(ValueError, match="learn"):
         TTFTAdmission(MODEL, ttft_slo_s=1.0, learn=1.5)
+
+
+def test_the_slowdown_covers_the_tail_of_the_legs_not_their_mean():
+    clock = Clock()
+    policy = TTFTAdmission(MODEL, ttft_slo_s=5.0, clock=clock, tail_quantile=0.9, tail_window=10)
+    ratios = [1.0] * 8 + [3.0, 4.0]  # most legs as predicted, two much slower
+    for i, ratio in enumerate(ratios):
+        took = policy.prefill_s(140) * ratio  # this many times the leg's prediction, one leg at a time
+        policy.start(str(i), 140)
+        clock.t += took
+        policy.done(str(i))
+    assert policy.slowdown == pytest.approx(np.percentile(ratios, 90))
+    assert policy.slowdown > np.mean(ratios)
+    for i in range(10, 20):  # the window forgets the slow legs
+        took = policy.prefill_s(140)
+        policy.start(str(i), 140)
+        clock.t += took
+        policy.done(str(i))
+    assert policy.slowdown == pytest.approx(1.0)
 
 
 def test_retry_after_counts_whole_seconds_to_the_slo():
@@ -161,7 +185,7 @@ def test_the_simulator_and_the_proxy_decide_alike_on_the_same_arrivals(tmp_path)
     rng = np.random.default_rng(3)
     arrivals = np.cumsum(rng.exponential(0.08, 120)).tolist()  # ~12 req/s into a ~0.1-0.4 s prefill
     tokens = rng.integers(50, 300, 120).tolist()
-    sim = simulate_admission(arrivals, tokens, MODEL, 0.8, true_slowdown=1.8, handoff_s=0.02, poll_s=0.25)
+    sim = simulate_admission(arrivals, tokens, TTFTAdmission(MODEL, 0.8, 0.02), engine_slowdown=1.8, poll_s=0.25)
     flags = sim.admitted()
     assert 0 < sum(flags) < len(flags), "the pattern must both admit and refuse to test anything"
     assert {d.source for d in sim.decisions} == {"engine", "bookkeeping"}
@@ -184,20 +208,32 @@ def test_the_simulator_and_the_proxy_decide_alike_on_the_same_arrivals(tmp_path)
         job = proxy.admit(request, {"model": "m", "prompt": [7] * tokens[i], "max_tokens": 0}, t)
         live.append(getattr(job, "status", 200) != 503)
     assert live == flags
-    bookkeeping_only = simulate_admission(arrivals, tokens, MODEL, 0.8, true_slowdown=1.8, handoff_s=0.02, poll_s=None)
+    def run(poll_s, tail_quantile):
+        policy = TTFTAdmission(MODEL, 0.8, 0.02, tail_quantile=tail_quantile)
+        return simulate_admission(arrivals, tokens, policy, engine_slowdown=1.8, poll_s=poll_s)
 
     def p90(run):
         return np.percentile([t for t, ok in zip(run.ttft_s, run.admitted(), strict=True) if ok], 90)
 
-    # on an engine 1.8x slower than the fit, reading its queue admits less and misses by less
-    assert sum(flags) < sum(bookkeeping_only.admitted()) and p90(sim) < p90(bookkeeping_only)
+    # on an engine 1.8x slower than the fit, a policy that learns the mean slowdown admits less and
+    # misses by less when it reads the engine's queue; learning the tail (the default) lowers the p90 of
+    # the admitted requests further, with or without the engine's state
+    mean_engine, mean_bookkeeping = run(0.25, None), run(None, None)
+    assert sum(mean_engine.admitted()) < sum(mean_bookkeeping.admitted())
+    assert p90(mean_engine) < p90(mean_bookkeeping)
+    assert p90(sim) < p90(mean_engine) and p90(run(None, 0.9)) < p90(mean_bookkeeping)
 
 
 def test_simulator_bad_inputs_name_the_problem():
-    with pytest.raises(ValueError, match="true_slowdown"):
-        simulate_admission([0.0], [1], MODEL, 1.0, true_slowdown=0.0)
+    policy = TTFTAdmission(MODEL, 1.0)
+    with pytest.raises(ValueError, match="engine_slowdown"):
+        simulate_admission([0.0], [1], policy, engine_slowdown=0.0)
     with pytest.raises(ValueError, match="poll_s"):
-        simulate_admission([0.0], [1], MODEL, 1.0, poll_s=0.0)
+        simulate_admission([0.0], [1], policy, poll_s=0.0)
+    with pytest.raises(ValueError, match="prefill_batch"):
+        simulate_admission([0.0], [1], policy, prefill_batch=0)
+    with pytest.raises(ValueError, match="tail_quantile"):
+        TTFTAdmission(MODEL, 1.0, tail_quantile=1.5)
     with pytest.raises(ValueError, match="KV-cache usage"):
         _state(0.0, usage=1.5)
 

@@ -74,7 +74,7 @@ def _matrix_calls(capacity_rps: float, duration_s: float) -> list[tuple[float, i
     return calls
 
 
-def test_capacity_is_the_highest_rate_tried_that_meets_the_slo(tiny_model):
+def test_capacity_is_the_highest_rate_that_meets_the_slo_after_a_bisection_step(tiny_model):
     workload, calls = _recorded(_evenly)
 
     async def go():
@@ -88,17 +88,24 @@ def test_capacity_is_the_highest_rate_tried_that_meets_the_slo(tiny_model):
             await server.close()
 
     rate, probes = asyncio.run(go())
-    assert calls[-1][0] == pytest.approx(rate)  # the last probe is the winning one
+    winner = [c for c in calls if c[0] == pytest.approx(rate)]
+    assert len(winner) == 1  # the capacity is a rate that was probed
     # the overload matrix's 1x run at that capacity draws the same arrivals (same rate, same count)
-    assert _matrix_calls(rate, duration_s=1.5) == [calls[-1]]
-    # 20 and 14 req/s outrun a 10 req/s server (the queue grows past the 0.25 s SLO); 7 req/s does not
-    assert rate == pytest.approx(7.0) and [p["share_of_upper"] for p in probes] == [1.0, 0.7, 0.35]
-    assert probes[0]["attainment"] < 0.9 <= probes[-1]["attainment"] and probes[0]["ttft_p90_s"] > 0.25
+    assert _matrix_calls(rate, duration_s=1.5) == winner
+    # 20 and 14 req/s outrun a 10 req/s server (the queue grows past the 0.25 s SLO); 7 req/s does not;
+    # one bisection step then probes halfway between 0.35 and 0.7 of the upper rate, 10.5 req/s
+    assert [p["share_of_upper"] for p in probes] == pytest.approx([1.0, 0.7, 0.35, 0.525])
+    assert [p["bisection"] for p in probes] == [False, False, False, True]
+    assert probes[0]["attainment"] < 0.9 <= probes[2]["attainment"] and probes[0]["ttft_p90_s"] > 0.25
+    bisected_meets = probes[-1]["attainment"] >= 0.9
+    assert rate == pytest.approx(10.5 if bisected_meets else 7.0)
 
 
 def test_bad_capacity_settings_and_designs_are_named():
     with pytest.raises(ValueError, match="upper_rps"):
         slo_capacity("http://127.0.0.1:9", _evenly, SLO(ttft_s=1.0), upper_rps=0.0, duration_s=1.0)
+    with pytest.raises(ValueError, match="bisect_steps"):
+        slo_capacity("http://127.0.0.1:9", _evenly, SLO(ttft_s=1.0), upper_rps=1.0, duration_s=1.0, bisect_steps=-1)
     with pytest.raises(ValueError, match="unknown designs"):
         overload_matrix(None, _evenly, SLO(ttft_s=1.0), None, capacity_rps=1.0, loads=[1.0], duration_s=1.0,
                         designs=["no admission", "magic"])

@@ -3,18 +3,22 @@
 Mooncake (FAST'25 §7, arXiv 2407.00079v3) rejects a request on arrival when the prefill pool cannot
 meet its TTFT objective, instead of admitting it and failing it later. :class:`TTFTAdmission` is that
 decision as one pure object (an injected clock and an injected engine-state source): the live P/D
-proxy (:mod:`pdlab.serve.proxy.admission`, ``--admission-profile``) and the simulator
-(:func:`simulate_admission`) run the same class, so their decisions can be compared request by request.
+proxy (:mod:`pdlab.serve.proxy.admission`, ``--admission-profile``) and the simulator (the engine's
+admission hook, :mod:`pdlab.sim.admission`; :func:`simulate_admission` sets it up for one prefill
+engine) run the same object, so their decisions can be compared request by request.
 
 What it predicts from:
 
 - **Its own bookkeeping** of the prefill legs it sent: each admitted prompt of ``l`` tokens adds
   ``t_p(l)`` (the fitted prefill model ``a + b·l + c·l²``, the one lab 05 calibrates) to the time the
   prefill side is busy until; when a leg comes back the queue is reset to what is still in flight.
-- **The prefill cost under the current load**: the fit is made on an idle engine, and under load the
-  same prefill runs slower. When a leg comes back, the ratio of its measured time to the time
-  predicted at admission is averaged (EWMA, weight ``learn``) into ``slowdown``, which multiplies
-  every prefill time. ``learn=0``: the fit as is.
+- **The prefill cost under the current load, at its tail**: the fit is made on an idle engine, and
+  under load the same prefill runs slower. When a leg comes back, the ratio of its measured time
+  (queue and prefill) to the time predicted at admission is kept; ``slowdown``, which multiplies
+  every prefill time, is the ``tail_quantile`` (0.9) of the last ``tail_window`` ratios, so the
+  prediction covers the legs the TTFT p90 is judged on, not only the mean one.
+  ``tail_quantile=None``: the mean instead, an EWMA of the ratios with weight ``learn``;
+  ``learn=0``: the fit as is.
 - **The engines' own state** (optional, ``engine_state``): a recent :class:`EngineState` reading —
   the prefill engine's waiting and running requests, the decode engine's KV-cache usage and size
   (vLLM's ``/metrics``). The queue in requests is then the engine's count plus the legs this policy
@@ -135,12 +139,15 @@ class TTFTAdmission:
     max_state_age_s: float = 1.0
     kv_limit: float = 0.95
     learn_handoff: bool = False
+    tail_quantile: float | None = 0.9
+    tail_window: int = 64
     handoff_learned_s: float = field(default=0.0, init=False)
     busy_until_s: float = field(default=float("-inf"), init=False)
     in_flight: dict[str, int] = field(default_factory=dict, init=False)
     slowdown: float = field(default=1.0, init=False)
     _legs: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
     _events: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=10_000), init=False)
+    _ratios: deque[float] = field(default_factory=deque, init=False)
     _state_ok: bool = field(default=True, init=False)
     admitted: int = field(default=0, init=False)
     rejected: int = field(default=0, init=False)
@@ -159,6 +166,11 @@ class TTFTAdmission:
             raise ValueError(f"max_state_age_s must be positive, got {self.max_state_age_s!r}")
         if not 0 < self.kv_limit <= 1:
             raise ValueError(f"kv_limit must be in (0, 1], got {self.kv_limit!r}")
+        if self.tail_quantile is not None and not 0 < self.tail_quantile <= 1:
+            raise ValueError(f"tail_quantile must be in (0, 1] or None, got {self.tail_quantile!r}")
+        if self.tail_window < 1:
+            raise ValueError(f"tail_window must be ≥ 1 leg, got {self.tail_window!r}")
+        self._ratios = deque(maxlen=self.tail_window)
         self.handoff_learned_s = self.handoff_s
 
     @property
@@ -244,7 +256,11 @@ class TTFTAdmission:
         sent, predicted = self._legs.pop(key)
         if self.learn > 0 and predicted > 0:
             ratio = min(max((now - sent) / predicted, 0.25), 20.0)
-            self.slowdown = (1 - self.learn) * self.slowdown + self.learn * ratio
+            if self.tail_quantile is None:
+                self.slowdown = (1 - self.learn) * self.slowdown + self.learn * ratio
+            else:
+                self._ratios.append(ratio)
+                self.slowdown = _quantile(self._ratios, self.tail_quantile)
         self.busy_until_s = now + sum(self.prefill_s(t) for t in self.in_flight.values())
 
     def state(self) -> dict[str, float | int | bool]:
@@ -252,7 +268,17 @@ class TTFTAdmission:
         return {"admitted": self.admitted, "rejected": self.rejected, "in_flight": len(self.in_flight),
                 "wait_s": max(self.busy_until_s - self.clock(), 0.0), "ttft_slo_s": self.ttft_slo_s,
                 "headroom": self.headroom, "handoff_s": self.handoff_now_s, "slowdown": self.slowdown,
+                "tail_quantile": self.tail_quantile,
                 "engine_state": self.engine_state is not None, "state_fallbacks": self.state_fallbacks}
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (linear interpolation between order statistics, numpy's default)."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _check_arrivals(arrivals_s: Sequence[float], prompt_tokens: Sequence[int]) -> None:
@@ -262,35 +288,40 @@ def _check_arrivals(arrivals_s: Sequence[float], prompt_tokens: Sequence[int]) -
         raise ValueError("arrivals must be in time order")
 
 
-def replay_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], model: PrefillModel,
-                     ttft_slo_s: float, handoff_s: float = 0.0, slowdown: float = 1.0,
-                     headroom: float = 1.0) -> list[bool]:
-    """The bookkeeping-only policy on a list of arrivals, with the queue the model predicts (no feedback).
+class _Recorder:
+    """The admission hook between the engine and a :class:`TTFTAdmission`: forwards every call and
+    records the policy's inputs (the arrivals and leg returns, and the engine-state reading of each
+    arrival), so the same inputs can be replayed through another caller of the class."""
 
-    Each prefill leg is taken to end at its predicted time, when :meth:`TTFTAdmission.done` runs;
-    every prefill time is the model's × ``slowdown`` (fixed: e.g. the one a live proxy learned).
-    Returns one admit flag per request, in order.
-    """
-    if not (slowdown > 0 and math.isfinite(slowdown)):
-        raise ValueError(f"slowdown must be a positive number, got {slowdown!r}")
-    _check_arrivals(arrivals_s, prompt_tokens)
-    now = [0.0]
-    policy = TTFTAdmission(model, ttft_slo_s, handoff_s, clock=lambda: now[0], learn=0.0, headroom=headroom)
-    policy.slowdown = slowdown
-    pending: list[tuple[float, str]] = []  # (predicted end of the prefill leg, key)
-    flags = []
-    for i, (t, tokens) in enumerate(zip(arrivals_s, prompt_tokens, strict=True)):
-        for end, key in sorted(p for p in pending if p[0] <= t):
-            now[0] = end
-            policy.done(key)
-            pending.remove((end, key))
-        now[0] = t
-        verdict = policy.decide(tokens)
-        flags.append(verdict.admit)
-        if verdict.admit:
-            policy.start(str(i), tokens)
-            pending.append((policy.busy_until_s, str(i)))
-    return flags
+    def __init__(self, policy: TTFTAdmission, reading: Callable[[], EngineState | None] | None) -> None:
+        self.policy, self.reading = policy, reading
+        self.events: list[tuple[str, float, int]] = []
+        self.states: list[EngineState | None] = []
+        self.decisions: list[AdmissionDecision] = []
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.policy.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self.policy.clock = clock
+
+    def decide(self, prompt_tokens: int, output_tokens: int = 0) -> AdmissionDecision:
+        now = self.policy.clock()
+        self.states.append(self.reading() if self.reading is not None else None)
+        self.events.append(("arrive", now, len(self.decisions)))
+        verdict = self.policy.decide(prompt_tokens, output_tokens)
+        self.decisions.append(verdict)
+        return verdict
+
+    def start(self, key: str, prompt_tokens: int) -> None:
+        self.policy.start(key, prompt_tokens)
+
+    def done(self, key: str) -> None:
+        if key in self.policy.in_flight:
+            self.events.append(("done", self.policy.clock(), int(key)))
+        self.policy.done(key)
 
 
 @dataclass
@@ -300,70 +331,91 @@ class SimulatedAdmission:
     ``events``: the policy's inputs in order — ``("arrive", t, i)``, ``("done", t, i)`` — and
     ``states[i]``: the :class:`EngineState` the policy read at arrival ``i`` (None: bookkeeping only),
     so the same inputs can be replayed through another caller of the class (the live proxy's path).
-    ``decisions[i]``: the verdict; ``ttft_s[i]``: the admitted request's simulated TTFT (NaN if refused).
+    ``decisions[i]``: the verdict; ``ttft_s[i]``: the admitted request's simulated TTFT (its prefill's
+    end + the policy's hand-off; NaN if refused); ``records``: the engine's records, in request order.
     """
 
     decisions: list[AdmissionDecision]
     ttft_s: list[float]
     states: list[EngineState | None]
     events: list[tuple[str, float, int]]
+    records: list = field(default_factory=list)
 
     def admitted(self) -> list[bool]:
         return [d.admit for d in self.decisions]
 
 
-def simulate_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], model: PrefillModel,
-                       ttft_slo_s: float, *, true_slowdown: float = 1.0, handoff_s: float = 0.0,
-                       poll_s: float | None = 0.5, headroom: float = 1.0, learn: float = 0.2,
-                       output_tokens: Sequence[int] | None = None, decode_kv_tokens: int | None = None
-                       ) -> SimulatedAdmission:
-    """One FIFO prefill engine simulated behind :class:`TTFTAdmission` (Conductor-style early rejection).
+def simulate_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], policy: TTFTAdmission, *,
+                       engine_slowdown: float = 1.0, poll_s: float | None = 0.5,
+                       output_tokens: Sequence[int] | None = None, decode_kv_tokens: int | None = None,
+                       prefill_batch: int = 1) -> SimulatedAdmission:
+    """The arrivals through the simulator (:class:`pdlab.sim.Simulator`, one prefill and one decode
+    instance) with ``policy`` as its admission hook: the live proxy's class, on a simulated engine.
 
-    The engine serves admitted prompts one at a time, each taking ``true_slowdown`` × the model's time
-    (the load the policy has to learn); a leg's return calls :meth:`TTFTAdmission.done`. With ``poll_s``
-    the policy reads the simulated engine's state (waiting, running), as sampled every ``poll_s``
-    seconds — the live proxy's ``/metrics`` poller; ``poll_s=None``: bookkeeping only. Decode holds
-    each admitted request's KV (prompt + output tokens) for good: with ``decode_kv_tokens`` the KV check runs.
+    The prefill instance runs the policy's own fitted model × ``engine_slowdown`` (how much slower the
+    loaded engine is than the idle fit: the load the policy has to learn), up to ``prefill_batch``
+    prompts per step (1: one at a time, first come first served); a prefill's end is the leg's
+    return (:meth:`TTFTAdmission.done`). With ``poll_s`` the policy reads the simulated engines' state
+    (waiting and running prefills; decode KV usage, and with ``decode_kv_tokens`` the KV check),
+    refreshed at most every ``poll_s`` seconds, as the live proxy's ``/metrics`` poller does
+    (``policy.engine_state`` is set for the run); ``poll_s=None``: bookkeeping only. Decode steps cost
+    nothing here: the verdicts depend on the prefill side alone. ``policy`` is used as it is (its
+    headroom, learning, tail quantile) and keeps what it learned.
     """
+    from pdlab.sim import ConstantLatency, FittedLatency, InstanceSpec, Simulator
+    from pdlab.workloads import Request
+
     _check_arrivals(arrivals_s, prompt_tokens)
-    if not (true_slowdown > 0 and math.isfinite(true_slowdown)):
-        raise ValueError(f"true_slowdown must be a positive number, got {true_slowdown!r}")
+    if not (engine_slowdown > 0 and math.isfinite(engine_slowdown)):
+        raise ValueError(f"engine_slowdown must be a positive number, got {engine_slowdown!r}")
     if poll_s is not None and not poll_s > 0:
         raise ValueError(f"poll_s must be positive or None, got {poll_s!r}")
-    outs = list(output_tokens) if output_tokens is not None else [0] * len(arrivals_s)
-    now = [0.0]
-    ends: dict[int, float] = {}  # admitted request → end of its prefill on the simulated engine
-    starts: dict[int, float] = {}
-    kv_used = [0]
+    if prefill_batch < 1:
+        raise ValueError(f"prefill_batch must be ≥ 1 prompt, got {prefill_batch!r}")
+    outs = list(output_tokens) if output_tokens is not None else [1] * len(arrivals_s)
+    if len(outs) != len(arrivals_s):
+        raise ValueError("one output length per arrival")
+    m, k = policy.model, engine_slowdown
+    longest = max([*prompt_tokens, 1])
+    prefill = InstanceSpec(FittedLatency((k * m.a_s, k * m.b_s_per_token, k * m.c_s_per_token2), (0.0, 0.0, 0.0)),
+                           kv_capacity_tokens=longest * max(prefill_batch, 1) + 1, role="prefill",
+                           max_num_seqs=prefill_batch, max_batched_tokens=longest * prefill_batch)
+    capacity = decode_kv_tokens or 10 * (sum(prompt_tokens) + sum(outs)) + 1
+    decode = InstanceSpec(ConstantLatency(0.0, 1e-3), kv_capacity_tokens=capacity, role="decode",
+                          handoff_reservation="none")
+    sim = Simulator([prefill, decode], record_token_times=False)
+    last: list[EngineState | None] = [None]
 
-    def reading() -> EngineState | None:
-        at = math.floor(now[0] / poll_s) * poll_s  # the last poll
-        waiting = sum(1 for i, s in starts.items() if s > at and arrive[i] <= at)
-        running = sum(1 for i, s in starts.items() if s <= at < ends[i])
-        usage = min(kv_used[0] / decode_kv_tokens, 1.0) if decode_kv_tokens else 0.0
-        return EngineState(at, waiting, running, usage, decode_kv_tokens)
+    def reading() -> EngineState:
+        now = sim.clock()
+        if last[0] is None or now - last[0].at_s >= poll_s:
+            p, d = sim.front[0], sim.decode[0]
+            running = sum(len(b.prefill) for b in p.inflight)
+            last[0] = EngineState(now, len(p.waiting), running, min(d.kv_used / d.capacity, 1.0), decode_kv_tokens)
+        return last[0]
 
-    arrive = dict(enumerate(arrivals_s))
-    policy = TTFTAdmission(model, ttft_slo_s, handoff_s, clock=lambda: now[0], learn=learn, headroom=headroom,
-                           engine_state=reading if poll_s is not None else None, max_state_age_s=(poll_s or 1.0) * 1.5)
-    decisions, ttfts, states, events = [], [], [], []
-    free_at = 0.0
-    for i, (t, tokens) in enumerate(zip(arrivals_s, prompt_tokens, strict=True)):
-        for end, j in sorted((e, j) for j, e in ends.items() if now[0] < e <= t and str(j) in policy.in_flight):
-            now[0] = end
-            events.append(("done", end, j))
-            policy.done(str(j))
-        now[0] = t
-        states.append(reading() if poll_s is not None else None)
-        events.append(("arrive", t, i))
-        verdict = policy.decide(tokens, outs[i])
-        decisions.append(verdict)
-        if verdict.admit:
-            policy.start(str(i), tokens)
-            starts[i] = max(free_at, t)
-            free_at = ends[i] = starts[i] + true_slowdown * model.time_s(tokens)
-            kv_used[0] += tokens + outs[i]
-            ttfts.append(ends[i] + handoff_s - t)
-        else:
-            ttfts.append(float("nan"))
-    return SimulatedAdmission(decisions, ttfts, states, events)
+    if poll_s is not None:
+        policy.engine_state, policy.max_state_age_s = reading, 1.5 * poll_s
+    hook = _Recorder(policy, reading if poll_s is not None else None)
+    sim.admission = hook
+    requests = [Request(i, float(t), int(n), max(1, int(o)))
+                for i, (t, n, o) in enumerate(zip(arrivals_s, prompt_tokens, outs, strict=True))]
+    result = sim.run(requests)
+    handoff = policy.handoff_now_s
+    ttfts = [r.ttft_s + handoff if r.ok and r.ttft_s is not None else float("nan") for r in result.records]
+    return SimulatedAdmission(hook.decisions, ttfts, hook.states, hook.events, result.records)
+
+
+def replay_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], model: PrefillModel,
+                     ttft_slo_s: float, handoff_s: float = 0.0, slowdown: float = 1.0,
+                     headroom: float = 1.0) -> list[bool]:
+    """The bookkeeping-only policy with the fit as its truth: :func:`simulate_admission` of a policy
+    that does not learn (``learn=0``, its slowdown fixed at ``slowdown``) on an engine exactly that
+    much slower than the fit, so every prefill leg ends when the policy predicted. One admit flag per
+    request, in order.
+    """
+    if not (slowdown > 0 and math.isfinite(slowdown)):
+        raise ValueError(f"slowdown must be a positive number, got {slowdown!r}")
+    policy = TTFTAdmission(model, ttft_slo_s, handoff_s, learn=0.0, headroom=headroom, tail_quantile=None)
+    policy.slowdown = slowdown
+    return simulate_admission(arrivals_s, prompt_tokens, policy, engine_slowdown=slowdown, poll_s=None).admitted()

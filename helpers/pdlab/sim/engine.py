@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdlab.metrics import RequestRecord
+from pdlab.sim.admission import REJECTED, AdmissionPolicy, rejection_error
 from pdlab.sim.dispatch import DispatchPolicy, make_dispatch
 from pdlab.sim.instance import Instance
 from pdlab.sim.spec import HANDOFF_RESERVATIONS, LINK_SHARING, ROLES, SCHEDULERS, InstanceSpec, KVLink
@@ -120,7 +121,9 @@ class Simulator:
     ``specs``: the instances. Colocated instances (or prefill ones, with decode ones beside them)
     receive arrivals through ``dispatch``; prefilled requests go to decode instances through
     ``decode_dispatch`` and cross ``link``. Mixing colocated with prefill/decode instances is not
-    supported. Deterministic: same requests, same result.
+    supported. ``admission``: the admission hook (:mod:`pdlab.sim.admission`), asked about every
+    arrival after ``dispatch`` has chosen its instance; a refused request ends with an error record.
+    Deterministic: same requests, same result.
     """
 
     record_token_times = True
@@ -136,7 +139,7 @@ class Simulator:
 
     def __init__(self, specs: Sequence[InstanceSpec], *, dispatch: str | DispatchPolicy = "round_robin",
                  decode_dispatch: str | DispatchPolicy = "least_loaded", link: KVLink | None = None,
-                 record_token_times: bool = True):
+                 record_token_times: bool = True, admission: AdmissionPolicy | None = None):
         if not specs:
             raise ValueError("a cluster needs at least one instance")
         roles = {s.role for s in specs}
@@ -149,6 +152,10 @@ class Simulator:
         self.decode_dispatch = make_dispatch(decode_dispatch)
         self.link = link
         self.record_token_times = record_token_times
+        #: The admission hook (:mod:`pdlab.sim.admission`; None: every arrival is admitted).
+        self.admission = admission
+        #: The simulated time of the event being handled (the admission policy's clock reads it).
+        self.now_s = 0.0
 
     # -- the interface instances use ------------------------------------------------------------------
     def push(self, t: float, kind: int, a: Any, b: Any) -> int:
@@ -174,9 +181,32 @@ class Simulator:
         """Hook: ``r`` has ended at ``now``, finished (``r.finish`` set) or failed (``r.error``).
         Subclasses that override it call ``super().on_request_finished``."""
         self._done += 1
+        if self.admission is not None:
+            self.now_s = now
+            self.admission.done(str(r.req.request_id))
+
+    def clock(self) -> float:
+        """The simulated time now (s): the admission policy's clock during a run."""
+        return self.now_s
+
+    def admit(self, r: SimRequest, now: float) -> bool:
+        """The admission hook on the arrival of ``r``: True to admit (the policy's ``start`` is
+        called); False ends ``r`` as refused (see :mod:`pdlab.sim.admission`)."""
+        policy = self.admission
+        self.now_s = now
+        verdict = policy.decide(r.prompt, r.output)
+        if verdict.admit:
+            policy.start(str(r.req.request_id), r.prompt)
+            return True
+        r.error = rejection_error(getattr(verdict, "reason", ""))
+        self.on_request_finished(r, now)
+        return False
 
     def prefill_done(self, src: Instance, r: SimRequest, now: float) -> None:
         """Prefill instance ``src`` has prefilled ``r``: choose its decode instance and queue the KV pull."""
+        if self.admission is not None:     # the prefill leg is back: the policy's done
+            self.now_s = now
+            self.admission.done(str(r.req.request_id))
         i = self.decode_dispatch.choose(self.decode, r, now)
         dst = self.decode[i]
         r.dec_inst = dst
@@ -326,6 +356,9 @@ class Simulator:
         self._done = 0
         self.dispatch.reset()
         self.decode_dispatch.reset()
+        self.now_s = 0.0
+        if self.admission is not None:
+            self.admission.clock = self.clock     # the policy reads the simulated time
         self.instances: list[Instance] = self._build_instances()
         self.front = [i for i in self.instances if i.role in ("colocated", "prefill")]
         self.decode = [i for i in self.instances if i.role == "decode"]
@@ -346,6 +379,7 @@ class Simulator:
         heap = self.event_heap
         front = self.front
         dispatch = self.dispatch
+        admission = self.admission
         pop = heapq.heappop
         n_arr = len(order)
         ai = 0
@@ -361,7 +395,9 @@ class Simulator:
                 if ai < n_arr:
                     t_arr = order[ai].arrival
                 now = t
-                front[dispatch.choose(front, a, t)].enqueue(a, t)
+                i = dispatch.choose(front, a, t)
+                if admission is None or self.admit(a, t):
+                    front[i].enqueue(a, t)
                 continue
             if not heap:
                 break
@@ -386,7 +422,9 @@ class Simulator:
         ok = not s.error and s.finish is not None
         error = s.error or ("" if ok else "unfinished when the simulation ended")
         extra: dict[str, Any] = {}
-        if s.xfer_start is not None:
+        if s.error.startswith(REJECTED):
+            extra = {"rejected": "arrival"}
+        elif s.xfer_start is not None:
             extra = {"kv_transfer_start_s": s.xfer_start, "kv_transfer_end_s": s.xfer_end,
                      "prefill_instance": s.prefill_inst}
         return RequestRecord(

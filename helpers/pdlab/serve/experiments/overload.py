@@ -18,10 +18,12 @@ is measured as one row of :class:`OverloadRow`:
    and the engines' peak memory (RSS of their process trees) and KV-cache usage, sampled while
    it runs. Beside the client's TTFT p90 of the admitted requests it keeps the proxy's own (request
    received → first token sent on) and the p90 of what the admission predicted for them, so a
-   missed objective can be placed: in the prediction, or in front of the proxy. The same arrivals go through the policy offline — :func:`pdlab.sched.admission.replay_admission`
-   for the proxy's bookkeeping alone, :func:`pdlab.sched.admission.simulate_admission` (the same class on a
-   simulated prefill engine) for the policy that reads the engines' state — so the live rejections can
-   be set beside the predicted ones.
+   missed objective can be placed: in the prediction, or in front of the proxy. The same arrivals go
+   through the simulator with the live policy as its admission hook
+   (:func:`pdlab.sched.admission.simulate_admission`), given only the arrivals, the prompt lengths and
+   the calibration (the prefill fit, the hand-off, the loaded engine's slowdown): never the proxy's
+   ``/metrics`` readings or what it learned. The run reports how often those decisions agree with the
+   proxy's: overall, on the requests the proxy admitted and on those it refused.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, percentiles, slo_attainment, summarize
-from pdlab.sched.admission import PrefillModel, replay_admission, simulate_admission
+from pdlab.sched.admission import PrefillModel, TTFTAdmission, replay_admission, simulate_admission
 from pdlab.serve.measure.evidence import largest_hit_share, scrape_metrics
 from pdlab.workloads import Request
 
@@ -127,34 +129,53 @@ def run_requests(workload: Callable[[float, int], list[Request]], rate_rps: floa
 
 def slo_capacity(url: str, workload: Callable[[float, int], list[Request]], slo: SLO, *, upper_rps: float,
                  duration_s: float, fractions: Sequence[float] = (0.85, 0.7, 0.5, 0.35, 0.25), target: float = 0.9,
-                 seed: int = 0, request_timeout_s: float = 120.0, tokenizer: str | Path | None = None
-                 ) -> tuple[float, list[dict[str, float]]]:
-    """The highest rate (req/s) of ``fractions`` × ``upper_rps`` at which ≥ ``target`` of the requests meet ``slo``.
+                 seed: int = 0, request_timeout_s: float = 120.0, tokenizer: str | Path | None = None,
+                 bisect_steps: int = 1) -> tuple[float, list[dict[str, float]]]:
+    """The highest rate (req/s) at which ≥ ``target`` of the requests meet ``slo``, searched on
+    ``fractions`` × ``upper_rps`` and refined by bisection.
 
     Tries the rates from the highest down, each for ``duration_s`` of arrivals (:func:`run_requests`)
-    sent to ``url`` as they are (no admission), and stops at the first that meets the target. The
+    sent to ``url`` as they are (no admission), down to the first that meets the target; then
+    ``bisect_steps`` probes halve the gap between it and the grid rate above it that missed (a probe
+    that meets raises the capacity to its rate, one that misses lowers the upper end), so the answer
+    is not the grid's rounding down. The
     default grid starts below the saturated throughput: there the queue never drains, and a probe that
     meets the SLO has seen only the queue's first seconds, which a longer run at that rate does not keep.
-    Returns the rate and one row per rate tried (``rate_rps``, ``attainment``, ``ttft_p90_s``,
-    ``goodput_rps``). Raises RuntimeError when even the lowest rate misses. ``tokenizer``: the prompts'
+    Returns the rate and one row per rate tried (``rate_rps``, ``share_of_upper``, ``attainment``,
+    ``ttft_p90_s``, ``goodput_rps``, ``bisection``: True for a bisection probe). Raises RuntimeError
+    when even the lowest rate misses. ``tokenizer``: the prompts'
     (None: the server's model folder).
     """
     from pdlab.serve.client.bench import ClientOptions, run_bench
 
-    if not (upper_rps > 0 and duration_s > 0 and 0 < target <= 1) or not fractions:
-        raise ValueError(f"need upper_rps > 0, duration_s > 0, 0 < target ≤ 1 and fractions, got {upper_rps}, "
-                         f"{duration_s}, {target}, {list(fractions)}")
-    probes = []
-    for k, f in enumerate(sorted(fractions, reverse=True)):
+    if not (upper_rps > 0 and duration_s > 0 and 0 < target <= 1) or not fractions or bisect_steps < 0:
+        raise ValueError(f"need upper_rps > 0, duration_s > 0, 0 < target ≤ 1, fractions and bisect_steps ≥ 0, got "
+                         f"{upper_rps}, {duration_s}, {target}, {list(fractions)}, {bisect_steps}")
+    probes: list[dict[str, float]] = []
+
+    def meets(f: float, bisection: bool) -> bool:
         rate = f * upper_rps
         res = run_bench(url, run_requests(workload, rate, duration_s), slo=slo, progress=False,
-                        client=ClientOptions(request_timeout_s=request_timeout_s, tokenizer=tokenizer), seed=seed + k)
+                        client=ClientOptions(request_timeout_s=request_timeout_s, tokenizer=tokenizer),
+                        seed=seed + len(probes))
         ok = [r.ttft_s for r in res.records if r.ok]
         probes.append({"rate_rps": rate, "share_of_upper": f, "attainment": slo_attainment(res.records, slo),
                        "ttft_p90_s": percentiles(ok, [90])["p90"] if ok else float("nan"),
-                       "goodput_rps": float(res.summary.get("goodput_rps", float("nan")))})
-        if probes[-1]["attainment"] >= target:
-            return rate, probes
+                       "goodput_rps": float(res.summary.get("goodput_rps", float("nan"))), "bisection": bisection})
+        return probes[-1]["attainment"] >= target
+
+    missed = None  # the lowest grid share that missed, above the one that meets
+    for f in sorted(fractions, reverse=True):
+        if meets(f, False):
+            lo, hi = f, missed
+            for _ in range(bisect_steps if hi is not None else 0):
+                mid = (lo + hi) / 2
+                if meets(mid, True):
+                    lo = mid
+                else:
+                    hi = mid
+            return lo * upper_rps, probes
+        missed = f
     raise RuntimeError(f"no rate down to {probes[-1]['rate_rps']:.2f} req/s met the SLO for {target:.0%} of the requests")
 
 
@@ -213,7 +234,12 @@ class OverloadRow:
     """One overload run (rates req/s, times s, memory GiB). ``ttft_p90_admitted_s``: the client's TTFT
     p90 of the admitted requests that succeeded; ``ttft_p90_proxy_s``: the proxy's own (received → first
     token sent on); ``predicted_ttft_p90_s``: the p90 of the admission's predictions for them (NaN with
-    admission off)."""
+    admission off). ``predicted_rejected_share``: the share the policy refuses with the fit as it is
+    (no learning, legs ending when predicted); ``predicted_rejected_share_learned``: the share the
+    simulator's replay with the live policy refuses (:func:`overload_run`); ``decisions_agree``,
+    ``agree_on_admitted``, ``agree_on_refused``: how often that replay's decisions equal the proxy's,
+    over all requests, those the proxy admitted and those it refused (NaN where there are none).
+    ``learned_slowdown``: what the proxy itself learned, reported, not used by the replay."""
 
     design: str
     load_x: float
@@ -231,6 +257,8 @@ class OverloadRow:
     learned_slowdown: float
     predicted_rejected_share_learned: float
     decisions_agree: float
+    agree_on_admitted: float
+    agree_on_refused: float
     peak_engine_rss_gib: float
     peak_proxy_rss_gib: float
     peak_kv_usage: float
@@ -252,14 +280,17 @@ def _proxy_slowdown(proxy_url: str) -> float:
 
 def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, load_x: float, rate_rps: float,
                  model: PrefillModel, handoff_s: float, seed: int = 0, request_timeout_s: float = 120.0,
-                 server_prompt_tokens: Mapping[int, int] | None = None, headroom: float = 1.0
-                 ) -> tuple[OverloadRow, list[RequestRecord]]:
+                 server_prompt_tokens: Mapping[int, int] | None = None, headroom: float = 1.0,
+                 engine_slowdown: float = 1.0) -> tuple[OverloadRow, list[RequestRecord]]:
     """Send ``requests`` (arrival times from 0) through ``dep``'s proxy and measure one :class:`OverloadRow`.
 
-    ``model``/``handoff_s``/``headroom``: the admission's settings, replayed offline on the same arrivals
-    (``server_prompt_tokens``: request id → the server's prompt length, when the client's differs);
-    ``design`` ``"engine state"``: the policy reads the engines' state, so the learned replay is
-    :func:`simulate_admission` (else :func:`replay_admission`).
+    ``model``/``handoff_s``/``headroom``: the admission's settings. The same arrivals and prompt lengths
+    (``server_prompt_tokens``: request id → the server's prompt length, when the client's differs) go
+    through :func:`simulate_admission`: a fresh :class:`TTFTAdmission` with those settings (and the
+    proxy's defaults) as the simulator's admission hook, on a prefill engine ``engine_slowdown`` × slower
+    than the fit (the calibration's loaded engine); with ``design`` ``"engine state"`` it reads the
+    simulated engines' state every 0.5 s, as the proxy's poller reads ``/metrics``. Nothing the proxy
+    measured or learned during the run goes in.
     """
     from pdlab.serve.client.bench import ClientOptions, run_bench
     from pdlab.serve.measure.ttft import proxy_timings
@@ -280,14 +311,17 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     arrivals = [r.arrival_s for r in requests]
     flags = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, headroom=headroom)
     slowdown = _proxy_slowdown(dep.url)
-    if slowdown != slowdown:  # admission off: nothing learned
-        learned = flags
-    elif design == "engine state":
-        learned = simulate_admission(arrivals, tokens, model, slo.ttft_s, true_slowdown=slowdown, handoff_s=handoff_s,
-                                     headroom=headroom).admitted()
+    if slowdown != slowdown:  # admission off: the proxy admits everything
+        learned = [True] * len(requests)
     else:
-        learned = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, slowdown=slowdown, headroom=headroom)
-    agree = [flag == (r.request_id not in rejected) for r, flag in zip(requests, learned, strict=True)]
+        policy = TTFTAdmission(model, slo.ttft_s, handoff_s, headroom=headroom)
+        learned = simulate_admission(arrivals, tokens, policy, engine_slowdown=engine_slowdown,
+                                     poll_s=0.5 if design == "engine state" else None).admitted()
+    live = [r.request_id not in rejected for r in requests]
+    agree = [flag == ok for flag, ok in zip(learned, live, strict=True)]
+    share = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    agree_admitted = share([a for a, ok in zip(agree, live, strict=True) if ok])
+    agree_refused = share([a for a, ok in zip(agree, live, strict=True) if not ok])
     ok_admitted = [r for r in admitted if r.ok]
     ttft_p90 = percentiles([r.ttft_s for r in ok_admitted], [90])["p90"]
     predicted = [t["predicted_ttft_s"] for t in proxy_rows if t.get("predicted_ttft_s") is not None]
@@ -302,7 +336,8 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
                       predicted_ttft_p90_s=p90(predicted), tpot_p90_admitted_s=p90(tpots),
                       predicted_rejected_share=1.0 - sum(flags) / len(flags), learned_slowdown=slowdown,
                       predicted_rejected_share_learned=1.0 - sum(learned) / len(learned),
-                      decisions_agree=sum(agree) / len(agree),
+                      decisions_agree=sum(agree) / len(agree), agree_on_admitted=agree_admitted,
+                      agree_on_refused=agree_refused,
                       peak_engine_rss_gib=sum(v for k, v in res_meter.peak_rss_gib.items() if k != "proxy"),
                       peak_proxy_rss_gib=res_meter.peak_rss_gib["proxy"], peak_kv_usage=res_meter.peak_kv_usage,
                       prefix_cache_hit_share=largest_hit_share(before, after),
@@ -314,13 +349,16 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
 class AdmissionSettings:
     """The proxy's early rejection in :func:`overload_matrix`: the fitted prefill ``model`` (saved at
     ``profile_path``), the measured ``handoff_s``, the ``tokenizer`` the proxy counts prompts with,
-    and ``headroom`` (admit when the predicted TTFT ≤ headroom × the SLO)."""
+    and ``headroom`` (admit when the predicted TTFT ≤ headroom × the SLO). ``engine_slowdown``: how
+    much slower the loaded prefill engine runs than the idle fit (from the calibration, e.g. the
+    prefill-only bound ÷ the saturated throughput), the simulated engine of the offline replay."""
 
     model: PrefillModel
     handoff_s: float
     profile_path: str | Path
     tokenizer: str | Path
     headroom: float = 1.0
+    engine_slowdown: float = 1.0
 
     def proxy_args(self, ttft_slo_s: float) -> list[str]:
         """The proxy's command-line flags that turn this admission on."""
@@ -360,7 +398,7 @@ def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: S
                 out.append(overload_run(dep, requests, slo, design=design, load_x=x, rate_rps=rate,
                                         model=admission.model, handoff_s=admission.handoff_s,
                                         seed=seed + len(designs) * i + k, request_timeout_s=request_timeout_s,
-                                        headroom=admission.headroom))
+                                        headroom=admission.headroom, engine_slowdown=admission.engine_slowdown))
     finally:
         dep.restart_proxy()
     return out
