@@ -124,3 +124,27 @@ def test_start_in_plain_mode_passes_the_workers_and_stops_the_router(monkeypatch
         assert "--vllm-pd-disaggregation" not in args
     assert not router.alive()
     assert live_processes() == before
+
+
+def test_round_robin_split_finds_the_routers_offset_from_the_workers_counters():
+    """Six requests (prompt tokens 500, 10, 500, 10, 10, 10 in send order) dealt in turn to two workers:
+    from worker 0 (1,010 tokens served, 30 for worker 1) the split deals from request 0; from the
+    opposite counts it deals from request 1. Counters no dealing explains leave a share unmatched."""
+    from pdlab.metrics import RequestRecord
+    from pdlab.serve.engines.vllm_router import round_robin_split
+
+    prompts = [500, 10, 500, 10, 10, 10]
+    recs = [RequestRecord(i, arrival_s=float(i), prompt_tokens=p, output_tokens=4) for i, p in enumerate(prompts)][::-1]
+    # listed in reverse: the split must order by arrival, not trust the list
+    split, miss = round_robin_split(recs, [1010, 30])
+    assert miss == 0.0
+    assert [[r.request_id for r in part] for part in split] == [[0, 2, 4], [1, 3, 5]]
+    split, miss = round_robin_split(recs, [30, 1010])
+    assert miss == 0.0
+    assert [[r.request_id for r in part] for part in split] == [[1, 3, 5], [0, 2, 4]]
+    recs[0] = RequestRecord(5, arrival_s=5.0, prompt_tokens=10, output_tokens=4, server_prompt_tokens=12)   # the server's count wins
+    assert round_robin_split(recs, [1010, 32])[1] == 0.0
+    split, miss = round_robin_split(recs, [530, 512])  # no dealing fits: the closest misplaces 480 of 1,042 tokens
+    assert miss == pytest.approx(480 / 1042)
+    with pytest.raises(ValueError, match="at least one worker"):
+        round_robin_split(recs, [])

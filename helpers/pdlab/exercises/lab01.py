@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
-from pdlab.exercises import CheckResult, check_close
+from pdlab.exercises import FAILED, NOT_ATTEMPTED, PASSED, CheckResult, check_close, record_expected, report
 from pdlab.metrics import RequestRecord
 from pdlab.serve.measure.evidence import KVTransferEvidence
 
-__all__ = ["check_tpot_from_record", "check_transferred_fraction", "check_short_request_tpot_us"]
+__all__ = ["check_tpot_from_record", "check_short_request_tpot_us", "kv_transfer_totals", "check_kv_transfer_totals"]
 
 
 def check_tpot_from_record(value, record: RequestRecord) -> CheckResult:
@@ -16,13 +17,6 @@ def check_tpot_from_record(value, record: RequestRecord) -> CheckResult:
     expected = (record.finish_s - record.first_token_s) / (record.output_tokens - 1)
     return check_close("Exercise 1", value, expected, rel_tol=1e-6, unit="s", measured=True,
                        hint="TPOT leaves out the first token: divide the time after it by output tokens − 1.")
-
-
-def check_transferred_fraction(value, evidence: KVTransferEvidence) -> CheckResult:
-    """Exercise 2: external_kv_transfer tokens / all prompt tokens seen by the decode server."""
-    expected = evidence.external_kv_tokens / evidence.prompt_tokens if evidence.prompt_tokens else 0.0
-    return check_close("Exercise 2", value, expected, rel_tol=1e-6, measured=True,
-                       hint="Use the decode server's counters: external_kv_tokens over prompt_tokens.")
 
 
 def check_short_request_tpot_us(value, records: Sequence[RequestRecord], long_prompt: int) -> CheckResult:
@@ -38,3 +32,39 @@ def check_short_request_tpot_us(value, records: Sequence[RequestRecord], long_pr
                        hint="Keep the completed requests with a prompt shorter than the long prompt and 2+ output "
                             "tokens; per request (finish − first token) / (output tokens − 1); then the mean, in µs "
                             "(seconds × 1e6).")
+
+
+def kv_transfer_totals(evidence: Mapping[float, KVTransferEvidence]) -> tuple[float, float]:
+    """Over every rate's evidence pooled: (share of the decode server's prompt tokens that arrived through
+    the KV connector, NIXL bandwidth in GB/s = all bytes moved ÷ all transfer time ÷ 1e9)."""
+    runs = list(evidence.values())
+    prompt = sum(ev.prompt_tokens for ev in runs)
+    seconds = sum(ev.nixl_xfer_time_s for ev in runs)
+    share = sum(ev.external_kv_tokens for ev in runs) / prompt if prompt else float("nan")
+    gb_per_s = sum(ev.nixl_bytes for ev in runs) / seconds / 1e9 if seconds else float("nan")
+    return share, gb_per_s
+
+
+def check_kv_transfer_totals(value, evidence: Mapping[float, KVTransferEvidence]) -> CheckResult:
+    """Exercise 2: ``(share, gb_per_s)`` over all rates pooled (:func:`kv_transfer_totals`). A rate's own
+    figure, or the mean of the rates' figures, weighs the rates wrongly and fails; GB is 1e9 bytes."""
+    name = "Exercise 2"
+    expected = kv_transfer_totals(evidence)
+    for x in expected:
+        record_expected(name, float(x), "measured")
+    if value is None or (isinstance(value, tuple | list) and all(v is None for v in value)):
+        return report(CheckResult(name, NOT_ATTEMPTED, "set kv_share and kv_gb_per_s and run the cell"))
+    try:
+        got = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        return report(CheckResult(name, FAILED, f"expected a pair of numbers (share, GB/s), got {value!r}"))
+    if len(got) != 2:
+        return report(CheckResult(name, FAILED, f"expected a pair of numbers (share, GB/s), got {len(got)} values"))
+    labels = ("share through the connector", "bandwidth (GB/s)")
+    wrong = [f"{label}: got {g:,.6g}" for label, g, e in zip(labels, got, expected, strict=True)
+             if not math.isclose(g, e, rel_tol=1e-6)]
+    if not wrong:
+        return report(CheckResult(name, PASSED, f"share {got[0]:.4f}, {got[1]:.4g} GB/s (exact)"))
+    return report(CheckResult(name, FAILED, "; ".join(wrong) + ". Pool the rates: add up each quantity over every "
+                              "rate's evidence first, then divide once (tokens through the connector ÷ prompt "
+                              "tokens; bytes ÷ transfer seconds ÷ 1e9)."))

@@ -97,8 +97,13 @@ class PromptSynthesizer:
 # ---------------------------------------------------------------- workloads
 def interference_requests(n: int, rate_rps: float, *, short_prompt: int = 64, short_output: int = 96,
                           long_prompt: int = 1536, long_output: int = 4, long_every: int = 4,
-                          arrival: str = "poisson", cv: float = 1.0, seed: int = 0) -> list[Request]:
+                          arrival: str = "poisson", cv: float = 1.0, seed: int = 0,
+                          shuffle_long: bool = False) -> list[Request]:
     """Decode-heavy requests with a long-prompt request every ``long_every``-th arrival.
+
+    With ``shuffle_long`` the same number of long prompts sit at random arrivals (seeded by ``seed``):
+    a round-robin front door over replicas would otherwise send every long prompt to the same one
+    whenever the replica count divides ``long_every``.
 
     Long prefills land while the short requests are decoding: on a colocated server each one
     stalls every running decode for the length of its prefill (ITL spikes); a disaggregated
@@ -108,6 +113,8 @@ def interference_requests(n: int, rate_rps: float, *, short_prompt: int = 64, sh
         raise ValueError(f"long_every must be >= 1, got {long_every}")
     arrivals = gamma_arrivals(rate_rps, n, cv=cv if arrival == "gamma" else 1.0, seed=seed)
     is_long = (np.arange(n) % long_every) == (long_every - 1)
+    if shuffle_long:
+        is_long = np.random.default_rng([seed, 1]).permutation(is_long)
     prompts = np.where(is_long, long_prompt, short_prompt)
     outputs = np.where(is_long, long_output, short_output)
     return make_requests(arrivals, prompts, outputs)

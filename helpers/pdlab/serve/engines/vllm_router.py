@@ -30,7 +30,7 @@ from pdlab.paths import build_dir, peers_venv
 from pdlab.process import ManagedProcess, ServerStartError, check_port_free, spawn, wait_http_ok
 
 __all__ = ["RouterMissingError", "find_vllm_router", "router_argv", "start_vllm_router", "start_vllm_router_workers",
-           "VLLMRouter", "idle_cpu_fraction", "ROUTER_POLICIES"]
+           "VLLMRouter", "idle_cpu_fraction", "ROUTER_POLICIES", "round_robin_split"]
 
 #: The ``--policy`` values vllm-router 0.1.17 accepts (``vllm-router --help``).
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
@@ -202,3 +202,34 @@ def start_vllm_router(prefill: str | Sequence[str], decode: str | Sequence[str],
                        policy=policy, request_timeout_s=request_timeout_s, extra_args=extra_args)
     log = Path(log_dir or build_dir() / "serve") / f"vllm-router-{port}.log"
     return _launch(argv, port, log, timeout_s, prefill=prefill_urls, decode=decode_urls, policy=policy)
+
+
+def round_robin_split(records: Sequence, served_prompt_tokens: Sequence[float]) -> tuple[list[list], float]:
+    """Which worker of a round-robin router served each request, from the workers' own counters.
+
+    The k-th request the router received, in send order, went to worker ``(k + offset) mod n``; the
+    offset (the router's count before the run: warm-up, probes) is the one whose per-worker prompt
+    tokens come closest to ``served_prompt_tokens``, each worker's own count over the run (the delta of
+    its ``vllm:prompt_tokens_total``, in worker order). ``records``: the run's
+    :class:`~pdlab.metrics.RequestRecord`; each counts ``server_prompt_tokens`` where known, else
+    ``prompt_tokens``. Returns each worker's records (send order) and the share of the served prompt
+    tokens that this split leaves unmatched: 0 when it is exact, more when two requests sent a moment
+    apart reached the router in the other order.
+    """
+    n = len(served_prompt_tokens)
+    if n < 1:
+        raise ValueError("need the prompt-token count of at least one worker")
+    ordered = sorted(records, key=lambda r: r.arrival_s)
+    tokens = [r.server_prompt_tokens if r.server_prompt_tokens is not None else r.prompt_tokens for r in ordered]
+    total = sum(served_prompt_tokens)
+    best: tuple[float, int] | None = None
+    for offset in range(n):
+        sums = [0.0] * n
+        for k, t in enumerate(tokens):
+            sums[(k + offset) % n] += t
+        miss = sum(abs(a - b) for a, b in zip(sums, served_prompt_tokens, strict=True)) / 2
+        if best is None or miss < best[0]:
+            best = (miss, offset)
+    miss, offset = best
+    split = [[r for k, r in enumerate(ordered) if (k + offset) % n == w] for w in range(n)]
+    return split, (miss / total if total > 0 else float("nan"))

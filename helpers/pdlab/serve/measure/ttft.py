@@ -195,8 +195,9 @@ def mean_breakdown(deployment, before: dict[str, MetricsSnapshot], after: dict[s
     """
     client = sum(client_ttfts_s) / len(client_ttfts_s) if client_ttfts_s else 0.0
     times = {s.url: engine_times(before[s.url], after[s.url]) for s in deployment.servers}
-    if deployment.proxy_port is None:
-        return colocated_breakdown(times[deployment.servers[0].url], client, deployment.kind, tolerance)
+    if not deployment.prefill:   # colocated: one server, or replicas behind a router (the request-weighted mean)
+        return colocated_breakdown(_merge([times[s.url] for s in deployment.servers]), client, deployment.kind,
+                                   tolerance)
     p = _merge([times[s.url] for s in deployment.prefill])
     d = _merge([times[s.url] for s in deployment.decode])
     return disaggregated_breakdown(p, d, _mean_proxy(proxy_rows), client, deployment.kind, tolerance)
@@ -229,7 +230,8 @@ class BreakdownWindow:
         self._seen = 0
 
     def _proxied(self) -> bool:
-        return self.deployment.proxy_port is not None
+        """Behind the course's proxy, whose ``/proxy/timings`` the breakdown reads (not vllm-router)."""
+        return self.deployment.proxy_port is not None and getattr(self.deployment, "front_door", "proxy") == "proxy"
 
     def __enter__(self) -> BreakdownWindow:
         self.before = {s.url: scrape_metrics(s.url) for s in self.deployment.servers}
