@@ -16,6 +16,13 @@ The allow-list is narrow on purpose, and each entry is a citation of someone els
   release/released/changelog (``EXTERNAL_CITATION``), as a paper's or a package's date does.
 
 History belongs in ``notes/`` or the commit message; ``notes/`` is not scanned.
+
+Lab and notebook prose (every cell of the solution notebooks; the student copies are generated from
+them) also has no **changelog voice**: it says what is, not what changed. ``CHANGELOG`` flags "today's
+policy", "the new one" / "the old one", "the new rule", "first numbers", "no longer", "anymore",
+"previously", "formerly". ``PLAIN_USES`` allows a phrase in a context where it tells no history of the
+project, each entry with its reason (for example "no longer" describing a mechanism: "decode no longer
+waits for prefills").
 """
 
 from __future__ import annotations
@@ -95,6 +102,59 @@ def test_no_history_in(path):
     hits = [f"{where}: {', '.join(notes)} in {line.strip()[:120]!r}"
             for where, line in lines_of(path) if (notes := history_notes(line))]
     assert not hits, f"{path.relative_to(ROOT)} carries project history:\n" + "\n".join(hits)
+
+
+CHANGELOG = re.compile(
+    r"\btoday['’]s\b|\bthe (?:new|old) one\b(?!-)|\bthe (?:new|old) (?:policy|rule|version|default|check|code|path)\b"
+    r"|\bfirst (?:\w+ )?numbers\b|\bno longer\b|\banymore\b|\bpreviously\b|\bformerly\b", re.IGNORECASE)
+
+#: (context pattern, reason): a changelog phrase inside a match of the pattern is a plain use.
+PLAIN_USES: list[tuple[re.Pattern, str]] = [
+    (re.compile(r"\bno longer (?:waits?|stalled|shares?)\b", re.IGNORECASE),
+     "a mechanism: what disaggregation takes away from a step (decode no longer waits for prefills)"),
+    (re.compile(r"\(\s*[^()]*\bformerly [\w.-]+\)", re.IGNORECASE),
+     "another project's rename, cited beside its name (smg, formerly sglang-router)"),
+]
+
+
+def changelog_notes(line: str) -> list[str]:
+    """The changelog phrases in one line of prose that no :data:`PLAIN_USES` context covers."""
+    plain = [m.span() for pattern, _ in PLAIN_USES for m in pattern.finditer(line)]
+    return [m.group(0) for m in CHANGELOG.finditer(line)
+            if not any(a <= m.start() and m.end() <= b for a, b in plain)]
+
+
+@pytest.mark.parametrize("text", [
+    "2. **The queue, two ways.** Today's policy (`bookkeeping`) knows only the prompts",
+    "sent and not yet seen come back. The new one (`engine state`) also reads", "the new rule admits more",
+    "turned this lab's first disaggregated numbers into measurements", "lab 05 no longer uses it",
+    "the proxy does not retry anymore", "previously the lab used one core", "the old one refused them",
+])
+def test_changelog_voice_is_found(text):
+    assert changelog_notes(text), f"not flagged: {text!r}"
+
+
+@pytest.mark.parametrize("text", [
+    "decode no longer waits for prefills", "decode steps are no longer stalled by other requests' prefills",
+    "a prefill no longer waits behind decode batches", "decode steps no longer share iterations with long prefills",
+    "- smg (Shepherd Model Gateway, formerly sglang-router): https://github.com/smg-project/smg",
+    "the first token's latency", "a new one-engine deployment", "the new one-engine lab", "today the cluster is idle",
+])
+def test_plain_uses_of_changelog_words_pass(text):
+    assert changelog_notes(text) == [], f"flagged: {text!r}"
+
+
+def solution_notebooks() -> list[Path]:
+    """Every solution notebook: the lab and notebook prose the student copies are generated from."""
+    return sorted(p for p in ROOT.glob("solutions/**/*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+@pytest.mark.parametrize("path", solution_notebooks(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_changelog_voice_in(path):
+    hits = [f"{where}: {', '.join(notes)} in {line.strip()[:120]!r}"
+            for where, line in lines_of(path) if (notes := changelog_notes(line))]
+    assert not hits, (f"{path.relative_to(ROOT)} tells what changed, not what is (say what is, or add a plain use "
+                      "to PLAIN_USES with its reason):\n" + "\n".join(hits))
 
 
 BY_PATH = re.compile(r"sys\.path\.(?:insert|append)|spec_from_file_location|runpy\.run_path|SourceFileLoader")
