@@ -1,4 +1,5 @@
-"""``pdlab place``: DistServe's placement search (Alg. 1 high / Alg. 2 low node affinity) for a model."""
+"""``pdlab place``: DistServe's placement search (Alg. 1 high / Alg. 2 low node affinity) for a model,
+or, with ``--calibration``, the search over deployments of a calibrated engine (replicas and xPyD)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 from pdlab.cli import CLIError, Subcommands, add_slo_arguments, emit, slo_from_args
 from pdlab.sched.deploy_export import EXPORT_TARGETS, ROUTER_MODES
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "run_calibrated"]
 
 
 class _ExportAction(argparse.Action):
@@ -23,10 +24,28 @@ class _ExportAction(argparse.Action):
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("place", help="choose prefill/decode TP, PP and replicas for per-GPU goodput (DistServe)",
                        description=__doc__)
-    p.add_argument("--model", required=True, help="catalog model, e.g. opt-66b")
-    p.add_argument("--gpu", required=True, help="catalog GPU, e.g. a100-80gb")
-    p.add_argument("--nodes", type=int, required=True, help="number of nodes N")
-    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node M")
+    p.add_argument("--model", help="catalog model, e.g. opt-66b (needed without --calibration)")
+    p.add_argument("--gpu", help="catalog GPU, e.g. a100-80gb (needed without --calibration)")
+    p.add_argument("--nodes", type=int, help="number of nodes N (needed without --calibration)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node M (needed without --calibration)")
+    cal = p.add_argument_group("a calibrated engine (pdlab.sched.placement.place_calibrated)")
+    cal.add_argument("--calibration", metavar="PROFILE",
+                     help="calibrated profile JSON (`pdlab sim calibrate`, lab 05): search deployments of that "
+                     "engine, 1..N colocated replicas and every xPyD with x + y <= N, each simulated with the "
+                     "calibration's terms that carry to it")
+    cal.add_argument("--engines", type=int, help="--calibration: the most engines a deployment may run (one per "
+                     "core on a CPU, one per GPU)")
+    cal.add_argument("--dispatch", choices=["round_robin", "shortest_queue", "least_loaded"],
+                     help="--calibration: dispatch of arrivals (default: round_robin, shortest_queue when disaggregated)")
+    cal.add_argument("--front-end-shares-core", action="store_true",
+                     help="--calibration: each engine's front end runs on the engine's core (front_end_core term)")
+    cal.add_argument("--without", default="", help="--calibration: comma-separated terms to leave out on purpose")
+    cal.add_argument("--kv-capacity-tokens", type=int, default=131072,
+                     help="--calibration: KV tokens each engine holds (default 131072)")
+    cal.add_argument("--token-budget", type=int, default=2048,
+                     help="--calibration: the engine's --max-num-batched-tokens (default 2048)")
+    cal.add_argument("--max-num-seqs", type=int, default=256, help="--calibration: running requests per engine "
+                     "(default 256)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", help="sharegpt, sharegpt-stratified, fixed-512-64, fixed-P-O, mooncake-conversation, mooncake-synthetic")
     src.add_argument("--trace", help="Mooncake JSONL trace whose lengths are sampled")
@@ -50,9 +69,66 @@ def register(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
+def run_calibrated(args: argparse.Namespace) -> int:
+    """``pdlab place --calibration``: the deployment of at most ``--engines`` calibrated engines with
+    the highest goodput (:func:`pdlab.sched.placement.place_calibrated`)."""
+    from pdlab.sched.placement import SEARCH_PROFILES, place_calibrated
+    from pdlab.simreal.calibration import load_calibration
+
+    other = [flag for flag, used in (("--model", args.model), ("--gpu", args.gpu), ("--nodes", args.nodes),
+                                     ("--gpus-per-node", args.gpus_per_node), ("--affinity", args.affinity != "high"),
+                                     ("--cross-node-gbps", args.cross_node_gbps), ("--rate", args.rate),
+                                     ("--max-instance-gpus", args.max_instance_gpus), ("--export", args.export))
+             if used]
+    if other:
+        raise CLIError(f"{', '.join(other)}: for a catalog model's placement; --calibration searches deployments of "
+                       "the calibrated engine (give --engines)")
+    if args.engines is None or args.engines < 1:
+        raise CLIError("--calibration needs --engines N >= 1 (the most engines a deployment may run)")
+    if not 0 < args.attainment <= 1:
+        raise CLIError(f"--attainment must be in (0, 1], got {args.attainment}")
+    if args.trace and not args.trace.endswith(".jsonl"):
+        raise CLIError(f"--trace expects a Mooncake .jsonl file, got {args.trace}")
+    try:
+        cal = load_calibration(args.calibration)
+        cal = cal.without(*[t.strip() for t in args.without.split(",") if t.strip()])
+        result = place_calibrated(cal, args.engines, args.workload or args.trace, slo_from_args(args),
+                                  attainment=args.attainment, settings=SEARCH_PROFILES[args.profile],
+                                  dispatch=args.dispatch, front_end_shares_core=args.front_end_shares_core,
+                                  kv_capacity_tokens=args.kv_capacity_tokens, token_budget=args.token_budget,
+                                  max_num_seqs=args.max_num_seqs)
+    except (OSError, ValueError) as exc:
+        raise CLIError(f"{args.calibration}: {exc}") from None
+    one, many = {"cpu": ("core", "cores"), "cuda": ("GPU", "GPUs")}.get(result.device, ("engine", "engines"))
+    d = result.as_dict()
+    d.update(calibration=args.calibration, workload=args.workload or args.trace, slo_ttft_s=args.slo_ttft,
+             slo_tpot_s=args.slo_tpot, profile=args.profile, unit=one)
+    best = result.best
+    lines = [f"best of the deployments on at most {args.engines} {many if args.engines != 1 else one}: "
+             f"{best.deployment}, {best.goodput_rps:.3f} req/s = {best.per_engine_goodput_rps:.3f} req/s per {one} "
+             f"at {args.attainment:.0%} attainment (searched in {result.search_wall_s:.1f} s)"]
+    for c in result.candidates:
+        lines.append(f"  {c.deployment}: skipped, {c.skipped}" if c.skipped else
+                     f"  {c.deployment}: {c.goodput_rps:.3f} req/s on {c.deployment.engines} "
+                     f"{many if c.deployment.engines != 1 else one}")
+    emit(d, args.json, "\n".join(lines))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from pdlab.sched.placement import SEARCH_PROFILES, place
 
+    if args.calibration:
+        return run_calibrated(args)
+    missing = [flag for flag, v in (("--model", args.model), ("--gpu", args.gpu), ("--nodes", args.nodes),
+                                    ("--gpus-per-node", args.gpus_per_node)) if v is None]
+    if missing:
+        raise CLIError(f"{', '.join(missing)} needed (or --calibration PROFILE --engines N for a calibrated engine)")
+    calibrated_only = [flag for flag, used in (("--engines", args.engines is not None), ("--dispatch", args.dispatch),
+                                               ("--front-end-shares-core", args.front_end_shares_core),
+                                               ("--without", args.without)) if used]
+    if calibrated_only:
+        raise CLIError(f"{', '.join(calibrated_only)} need --calibration")
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise CLIError("--nodes and --gpus-per-node must be >= 1")
     if not 0 < args.attainment <= 1:

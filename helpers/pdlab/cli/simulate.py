@@ -61,7 +61,8 @@ def add_run_parser(sub: Subcommands, name: str = "run", *, help: str = RUN_HELP,
     bw.add_argument("--link", help="disaggregated: catalog link for KV transfer, e.g. ib-ndr (default: instant)")
     bw.add_argument("--bandwidth-gbs", type=float, help="disaggregated: KV link bandwidth in GB/s")
     p.add_argument("--layerwise-overlap", action="store_true", help="overlap KV transfer with prefill, layer by layer")
-    p.add_argument("--token-budget", type=int, default=2048, help="chunked: tokens per iteration (default 2048)")
+    p.add_argument("--token-budget", type=int, default=2048, help="chunked, and every engine of a calibrated --profile: tokens per "
+                   "step, vLLM's --max-num-batched-tokens (default 2048)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="running requests per instance (default 256)")
     p.add_argument("--dispatch", choices=["round_robin", "shortest_queue", "least_loaded"],
                    help="dispatch of arrivals (default: round_robin, shortest_queue when disaggregated)")

@@ -18,6 +18,12 @@ FIFO link per prefill instance; and the placement reports the cross-node bandwid
 needs and caps the rate to what the link carries.
 
 Sweeps run in parallel on all local cores (``multiprocessing``); each task is deterministic.
+
+**On a calibrated engine** (:func:`place_calibrated`): the engine is the one a calibration measured
+(:class:`pdlab.simreal.calibration.Calibration`, one TP×PP, on one core or one GPU), so the search is
+over deployments of at most N such engines: 1..N colocated replicas behind a dispatch policy and
+every xPyD with x + y ≤ N, each simulated with the calibration's terms that carry to it
+(:func:`pdlab.simreal.replay.carry`); it keeps the deployment with the highest goodput.
 """
 
 from __future__ import annotations
@@ -57,6 +63,11 @@ __all__ = [
     "place_low_affinity",
     "place",
     "workload_requests",
+    "DeploymentGoodput",
+    "CalibratedPlacement",
+    "calibrated_deployments",
+    "deployment_goodput",
+    "place_calibrated",
 ]
 
 
@@ -516,3 +527,123 @@ def place(model: str | ModelConfig, gpu: str, nodes: int, gpus_per_node: int, wo
         return place_high_affinity(env, nodes, gpus_per_node, **kwargs)
     kwargs.pop("max_instance_gpus", None)
     return place_low_affinity(env, nodes, gpus_per_node, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# placement of a calibrated engine
+
+
+@dataclass
+class DeploymentGoodput:
+    """The goodput (req/s at the attainment goal) of one deployment of a calibrated engine, or why
+    it was not simulated (``skipped``: a calibrated term that cannot carry to it)."""
+
+    deployment: Any
+    goodput_rps: float
+    per_engine_goodput_rps: float
+    skipped: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        d = self.deployment
+        return {"deployment": str(d), "mode": d.mode, "engines": d.engines,
+                "instances": None if d.disaggregated else d.instances,
+                "prefill": d.prefill if d.disaggregated else None, "decode": d.decode if d.disaggregated else None,
+                "goodput_rps": self.goodput_rps, "per_engine_goodput_rps": self.per_engine_goodput_rps,
+                "skipped": self.skipped or None}
+
+
+@dataclass
+class CalibratedPlacement:
+    """The deployment of at most ``engines`` calibrated engines with the highest goodput (ties: the
+    fewer engines), every candidate searched, and the search's settings. ``device``: what one engine
+    runs on (``"cpu"``: a core, ``"cuda"``: a GPU, None: unknown)."""
+
+    best: DeploymentGoodput
+    candidates: list[DeploymentGoodput]
+    engines: int
+    device: str | None
+    settings: dict[str, Any] = field(default_factory=dict)
+    search_wall_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"best": self.best.as_dict(), "candidates": [c.as_dict() for c in self.candidates],
+                "engines": self.engines, "device": self.device, "settings": self.settings,
+                "search_wall_s": self.search_wall_s}
+
+
+def calibrated_deployments(engines: int, *, dispatch: str | None = None, front_end_shares_core: bool = False,
+                           modes: Sequence[str] = ("colocated", "disaggregated")) -> list[Any]:
+    """Every deployment of at most ``engines`` engines (:class:`pdlab.simreal.replay.Deployment`):
+    1..N colocated replicas and every xPyD with x + y ≤ N, each with ``dispatch`` (None: the
+    deployment's default) and ``front_end_shares_core``."""
+    from pdlab.simreal.replay import Deployment
+
+    if engines < 1:
+        raise ValueError(f"engines must be >= 1, got {engines}")
+    out = []
+    if "colocated" in modes:
+        out += [Deployment("colocated", instances=n, dispatch=dispatch, front_end_shares_core=front_end_shares_core)
+                for n in range(1, engines + 1)]
+    if "disaggregated" in modes:
+        out += [Deployment("disaggregated", prefill=p, decode=d, dispatch=dispatch,
+                           front_end_shares_core=front_end_shares_core)
+                for p in range(1, engines) for d in range(1, engines - p + 1)]
+    return out
+
+
+def deployment_goodput(calibration: Any, deployment: Any, workload: str | Sequence[Request], slo: SLO, *,
+                       attainment: float = 0.9, settings: SearchSettings | None = None,
+                       **sim_options: Any) -> DeploymentGoodput:
+    """The goodput of ``deployment`` of the calibrated engine: the highest rate (:func:`max_rate`)
+    whose SLO attainment on ``workload`` (:func:`workload_requests`) reaches ``attainment``, each
+    rate simulated by :func:`pdlab.simreal.replay.replay` (``sim_options``: its keywords). A rate
+    at which a core's co-runners would need the whole core attains nothing. Raises ValueError
+    naming a term that cannot carry to the deployment."""
+    from pdlab.simreal.replay import carry, replay
+
+    settings = settings or SEARCH_PROFILES["ci"]
+    carry(calibration, deployment)
+
+    def attainment_at(rate: float) -> float:
+        reqs = workload_requests(workload, settings.requests_at(rate), rate, settings.seed)
+        try:
+            return slo_attainment(replay(reqs, deployment, calibration, **sim_options), slo)
+        except ValueError as exc:
+            if "the model needs u < 1" in str(exc):
+                return 0.0
+            raise
+
+    rate = max_rate(attainment_at, attainment, settings)
+    return DeploymentGoodput(deployment, rate, rate / deployment.engines)
+
+
+def place_calibrated(calibration: Any, engines: int, workload: str | Sequence[Request], slo: SLO, *,
+                     attainment: float = 0.9, settings: SearchSettings | None = None, dispatch: str | None = None,
+                     front_end_shares_core: bool = False, **sim_options: Any) -> CalibratedPlacement:
+    """Search the deployments of at most ``engines`` engines of ``calibration``'s engine
+    (:func:`calibrated_deployments`) for the highest goodput (:func:`deployment_goodput`; ties: the
+    fewer engines). A deployment a calibrated term cannot carry to is kept as a skipped candidate
+    with the reason; ValueError when every one is skipped, or without both SLOs."""
+    import time
+
+    if slo.ttft_s is None or slo.tpot_s is None:
+        raise ValueError("placement needs both a TTFT and a TPOT SLO")
+    if not 0 < attainment <= 1:
+        raise ValueError(f"attainment goal must be in (0, 1], got {attainment}")
+    t0 = time.perf_counter()
+    settings = settings or SEARCH_PROFILES["ci"]
+    candidates = []
+    for dep in calibrated_deployments(engines, dispatch=dispatch, front_end_shares_core=front_end_shares_core):
+        try:
+            candidates.append(deployment_goodput(calibration, dep, workload, slo, attainment=attainment,
+                                                 settings=settings, **sim_options))
+        except ValueError as exc:
+            candidates.append(DeploymentGoodput(dep, 0.0, 0.0, skipped=str(exc)))
+    ran = [c for c in candidates if not c.skipped]
+    if not ran:
+        raise ValueError("no deployment of the calibrated engine could be simulated: "
+                         + "; ".join(f"{c.deployment}: {c.skipped}" for c in candidates))
+    best = max(ran, key=lambda c: (c.goodput_rps, -c.deployment.engines))
+    return CalibratedPlacement(best, candidates, engines, calibration.device,
+                               settings={"attainment": attainment, **asdict(settings), **sim_options},
+                               search_wall_s=time.perf_counter() - t0)
