@@ -1,15 +1,17 @@
 """Mooncake's Conductor: KVCache-centric scheduling of a prefill pool and a decode pool, and overload control.
 
-A small event-driven simulator of Mooncake's architecture (FAST'25 §3–4 = arXiv 2407.00079v3 §4–7):
+Mooncake's architecture (FAST'25 §3–4 = arXiv 2407.00079v3 §4–7) on the course's one simulator
+(:class:`pdlab.sim.Simulator`): the Conductor's dispatch policy is the simulator's dispatch hook, its
+admission rule the simulator's admission hook (:mod:`pdlab.sim.admission`), and a subclass adds the
+rule that refuses a request at the end of its prefill.
 
 - **Prefill instances** (one 8-GPU node each) serve requests first-come first-served, one at a
   time (Mooncake chunks a long prefill across the pipeline instead of batching requests). Each keeps a
-  local LRU cache of prefix blocks in its DRAM (:class:`pdlab.kvcache.LRUBlockCache`); together
-  those caches form the global pool that the global policy can read across the network.
-- **Decode instances** run continuous batching. Modelled as a fluid: between events every active
-  request advances at one token per step, and the step time is memory-bound,
+  local LRU cache of prefix blocks in its DRAM (the simulator's prefix cache, ``cache_blocks_per_instance``
+  blocks); together those caches form the global pool that the global policy can read across the network.
+- **Decode instances** run the simulator's continuous batching; a step is memory-bound,
   ``overhead + (weight bytes + KV bytes of all active tokens) / HBM bandwidth``
-  (:class:`DecodeCostModel`).
+  (:class:`DecodeCostModel`), and a request whose KV arrives joins at the next step.
 - **Prefill time** (:class:`PrefillCostModel`) from FAST'25 §2.2: ``flops(n) = l·(a·n²·d + b·n·d²)``
   with a = 4, b = 22; a prefill of ``new`` tokens after a cached prefix of ``p`` costs
   ``flops(p + new) − flops(p)`` at an effective FLOP/s (peak × MFU). A polynomial in (p, new), as the
@@ -28,15 +30,20 @@ when the decode instance cannot take the request within the TBT SLO — that pre
 (system-level prediction: the decode load expected when this request's prefill ends, assuming every
 request stays in decode for a uniform time ``t_d``).
 
-Simplifications (the notebook states them): blocks are cached at dispatch time; decode TBT is the
-fluid step time (``extra["tbt_max_s"]`` is the slowest step a request saw; the mean is the record's
-TPOT); the first token comes from prefill; no chunked pipeline across prefill nodes.
+Both cost models are one latency model of the simulator (:class:`ConductorLatency`).
+
+Simplifications (the notebook states them): the Conductor decides from its own view — each node's
+queue is the prefill work it sent there (its prediction), its cache the blocks of the requests sent
+there, cached at dispatch; a fetched prefix lands in the chosen node's cache at dispatch and the node
+does not wait for it (the estimate counts the transfer; on this trace it is under 1 % of the TTFT);
+``extra["tbt_max_s"]`` is the slowest step a request saw (the mean is the record's TPOT); the first
+token comes from prefill; the KV hand-off to decode is instantaneous; no chunked pipeline across
+prefill nodes.
 Times are seconds, sizes tokens and decimal bytes.
 """
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +55,8 @@ from pdlab.hardware import get_gpu
 from pdlab.kvcache import BLOCK_TOKENS, HasPrefix, LRUBlockCache, prefix_hit_tokens
 from pdlab.metrics import SLO, RequestRecord, summarize
 from pdlab.models import get_model, kv_bytes_per_token, weight_bytes
+from pdlab.sim import DispatchPolicy, InstanceSpec, LatencyModel, SimRequest, Simulator
+from pdlab.workloads import Request
 
 __all__ = [
     "PrefillCostModel",
@@ -57,6 +66,7 @@ __all__ = [
     "CONDUCTOR_POLICIES",
     "ADMISSIONS",
     "PrefillChoice",
+    "ConductorLatency",
     "Conductor",
     "ConductorResult",
     "compare_policies",
@@ -177,68 +187,144 @@ class PrefillChoice:
         return self.queue_s + self.transfer_s + self.prefill_s
 
 
-class _Active:
-    """A request decoding on a :class:`_Decode` instance."""
+class ConductorLatency(LatencyModel):
+    """The Conductor's cost models as the simulator's latency model of one 8-GPU node.
 
-    __slots__ = ("remaining", "context", "joined_s", "max_step_s")
+    A prefill of ``c`` tokens after ``p`` earlier (cached) tokens has ``prefill_sq_tokens`` =
+    c·(2p + c) = (p + c)² − p², so :class:`PrefillCostModel`'s ``flops(p + c) − flops(p)`` is
+    ``num_layers · (a·sq·d + b·c·d²)``; a decode step is :class:`DecodeCostModel`'s memory-bound step.
+    """
 
-    def __init__(self, remaining: float, context: float, joined_s: float) -> None:
-        self.remaining = remaining      # tokens still to generate (fluid: fractional between events)
-        self.context = context          # tokens of KV it holds
-        self.joined_s = joined_s        # when it joined this instance
-        self.max_step_s = 0.0           # slowest step it has seen (its worst TBT)
+    def __init__(self, prefill: PrefillCostModel, decode: DecodeCostModel, gpus: int = 8) -> None:
+        self.prefill, self.decode, self.tp = prefill, decode, gpus
+        d = prefill.hidden_size
+        self._sq = prefill.num_layers * prefill.a * d / prefill.flops_per_s
+        self._lin = prefill.num_layers * prefill.b * d * d / prefill.flops_per_s
 
+    def step_time_s(self, prefill_tokens: int, prefill_sq_tokens: float, decode_batch: int,
+                    decode_ctx_tokens: int) -> float:
+        t = 0.0
+        if prefill_tokens > 0:
+            t += self.prefill.overhead_s + self._sq * prefill_sq_tokens + self._lin * prefill_tokens
+        if decode_batch > 0:
+            t += self.decode.step_time_s(decode_batch, decode_ctx_tokens)
+        return t
 
-class _Decode:
-    """One decode instance as a fluid: active requests advance one token per step."""
-
-    def __init__(self, model: DecodeCostModel) -> None:
-        self.model = model
-        self.active: dict[int, _Active] = {}  # request id -> its decode state
-        self.last_s = 0.0
-        self.step_s = 0.0
-        self.kv_tokens = 0.0
-        self.version = 0
-
-    def advance(self, now: float) -> None:
-        if self.active and self.step_s > 0:
-            steps = (now - self.last_s) / self.step_s
-            for a in self.active.values():
-                a.remaining -= steps
-                a.context += steps
-        self.last_s = now
-
-    def refresh(self) -> None:
-        self.kv_tokens = sum(a.context for a in self.active.values())
-        self.step_s = self.model.step_time_s(len(self.active), self.kv_tokens)
-        for a in self.active.values():
-            a.max_step_s = max(a.max_step_s, self.step_s)
-        self.version += 1
-
-    def step_with(self, context_tokens: float) -> float:
-        return self.model.step_time_s(len(self.active) + 1, self.kv_tokens + context_tokens)
-
-    def next_finish(self) -> float | None:
-        if not self.active:
-            return None
-        return self.last_s + max(min(a.remaining for a in self.active.values()), 0.0) * self.step_s
+    def decode_affine(self, decode_batch: int) -> tuple[float, float, float, float, float]:
+        m = self.decode
+        a, b = m.weight_bytes / m.hbm_bytes_per_s, m.kv_bytes_per_token / m.hbm_bytes_per_s
+        return (a, b, a, b, m.overhead_s)
 
 
-@dataclass
-class _Replay:
-    """The event loop's state during one :meth:`Conductor.run`."""
+def _decode_state(inst: Any) -> tuple[int, int]:
+    """Requests on a simulated decode instance (decoding, or with their KV arrived) and the tokens of
+    KV they hold."""
+    n, ctx = 0, 0
+    for group in (inst.running, inst.waiting):
+        n += len(group)
+        for r in group:
+            ctx += r.kv
+    return n, ctx
 
-    events: list[tuple[float, int, str, Any]] = field(default_factory=list)  # (time, seq, kind, data)
-    seq: int = 0
-    records: dict[int, RequestRecord] = field(default_factory=dict)
-    samples: list[dict[str, float]] = field(default_factory=list)
-    next_sample_s: float = 0.0
-    accepted: int = 0           # in the current sampling window
-    rejected: int = 0
 
-    def push(self, t: float, kind: str, data: Any) -> None:
-        heapq.heappush(self.events, (t, self.seq, kind, data))
-        self.seq += 1
+def _prefix_cache(inst: Any) -> Any:
+    """The simulated instance's prefix cache (:class:`pdlab.sim.state.PrefixLRU`)."""
+    return getattr(inst, "kv_manager", inst).prefix_cache
+
+
+class _Dispatch(DispatchPolicy):
+    """The Conductor's choice of prefill instance (Algorithm 1, :meth:`Conductor.place`) as the
+    simulator's dispatch policy; the choice waits for the admission rule in ``pending``."""
+
+    name = "conductor"
+
+    def __init__(self, conductor: Conductor) -> None:
+        self.conductor = conductor
+
+    def choose(self, instances: Sequence[Any], request: SimRequest, now: float) -> int:
+        c = self.conductor
+        c._now = now
+        c._sample_until(now)
+        c.pending = (request.req, c.place(request.req, now))
+        return c.pending[1].instance
+
+
+class _DecodeDispatch(DispatchPolicy):
+    """The decode instance holding the fewest KV tokens (then the fewest requests): the Conductor's choice."""
+
+    name = "conductor_decode"
+
+    def choose(self, instances: Sequence[Any], request: SimRequest, now: float) -> int:
+        return min(range(len(instances)), key=lambda j: (instances[j].kv_used, instances[j].num_running, j))
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    admit: bool
+    reason: str = ""
+
+
+class _Admission:
+    """The Conductor's admission rule as the simulator's admission hook (:mod:`pdlab.sim.admission`):
+    it judges the choice :class:`_Dispatch` just made, and commits it when the request is admitted."""
+
+    def __init__(self, conductor: Conductor) -> None:
+        self.conductor = conductor
+        self.clock = lambda: 0.0
+
+    def decide(self, prompt_tokens: int, output_tokens: int = 0) -> _Verdict:
+        c = self.conductor
+        req, choice = c.pending
+        reason = c._rejection_on_arrival(req, choice, self.clock())
+        if reason:
+            c._window[1] += 1
+        return _Verdict(not reason, reason)
+
+    def start(self, key: str, prompt_tokens: int) -> None:
+        self.conductor._commit(self.clock())
+
+    def done(self, key: str) -> None:
+        self.conductor._in_prefill.pop(key, None)
+
+
+class _Simulator(Simulator):
+    """The simulator with the Conductor's rule at the end of a prefill: a request no decode instance
+    can take within the TBT SLO (or its KV) is refused then, its prefill wasted."""
+
+    def __init__(self, conductor: Conductor, specs: list[InstanceSpec]) -> None:
+        super().__init__(specs, dispatch=_Dispatch(conductor), decode_dispatch=_DecodeDispatch(),
+                         admission=_Admission(conductor))
+        self.conductor = conductor
+
+    def prefill_done(self, src: Any, r: SimRequest, now: float) -> None:
+        c = self.conductor
+        c._now = now
+        c._sample_until(now)
+        k = self.decode_dispatch.choose(self.decode, r, now)
+        n, ctx_now = _decode_state(self.decode[k])
+        ctx = r.prompt + 1
+        step = c.cluster.decode.step_time_s(n + 1, ctx_now + ctx)
+        key = str(r.req.request_id)
+        extra = c._extra[key]
+        extra["decode_load_at_join"] = step / c.cluster.tbt_slo_s
+        if c.admission != "none" and (step > c.cluster.tbt_slo_s or
+                                      ctx_now + ctx + r.output > c.cluster.decode.kv_capacity_tokens):
+            extra["rejected"] = "decode"
+            src.release(r)
+            src.wake(now)
+            r.error = "rejected after prefill: decode instance full"
+            self.on_request_finished(r, now)
+            return
+        extra["decode_instance"] = f"D{k}"
+        c._joined[key] = now
+        super().prefill_done(src, r, now)
+
+    def on_request_finished(self, r: SimRequest, now: float) -> None:
+        c = self.conductor
+        joined = c._joined.pop(str(r.req.request_id), None)
+        if joined is not None and r.finish is not None:
+            c._observe(decode_s=now - joined)
+        super().on_request_finished(r, now)
 
 
 @dataclass
@@ -288,7 +374,9 @@ class ConductorResult:
 class Conductor:
     """Replays requests (anything with ``request_id``, ``arrival_s``, ``prompt_tokens``,
     ``output_tokens``, ``hash_ids``) through a :class:`Cluster` under one dispatch policy and one
-    admission rule. Subclass and override :meth:`place` to try another global scheduler.
+    admission rule, on the course's simulator (:class:`pdlab.sim.Simulator`): the policy is its
+    dispatch hook, the rule its admission hook. Subclass and override :meth:`place` to try another
+    global scheduler.
 
     ``prediction`` (for ``admission="predicted"``): ``uniform`` — the paper's system-level rule, every
     request stays in decode ``t_d`` seconds (``decode_time_s``, else a running mean); ``exponential`` —
@@ -305,6 +393,7 @@ class Conductor:
         if cluster.n_prefill < 1 or cluster.n_decode < 1:
             raise ValueError("a cluster needs at least one prefill and one decode instance")
         self.cluster, self.policy, self.admission = cluster, policy, admission
+        self.seed = seed
         self.rng = random.Random(seed)
         self.sample_every_s = sample_every_s
         self.decode_time_s = decode_time_s
@@ -315,7 +404,11 @@ class Conductor:
 
     # -- the scheduling decision (Algorithm 1) ---------------------------------------------------
     def place(self, req: HasPrefix, now: float) -> PrefillChoice:
-        """Choose the prefill instance for ``req`` arriving at ``now`` (FAST'25 Algorithm 1)."""
+        """Choose the prefill instance for ``req`` arriving at ``now`` (FAST'25 Algorithm 1).
+
+        The Conductor's own view: each node's queue is the prefill work it has been sent and not
+        finished (its prediction), its cache the blocks of the requests sent to it (an LRU of
+        ``cache_blocks_per_instance`` blocks)."""
         c = self.cluster
         bt = c.block_tokens
         n = req.prompt_tokens
@@ -338,10 +431,14 @@ class Conductor:
         return min(cands, key=lambda p: (p.ttft_s, self.rng.random()))
 
     # -- loads (arXiv v3 §7) -------------------------------------------------------------------
+    def _step_with(self, inst: Any, context_tokens: float) -> float:
+        n, ctx = _decode_state(inst)
+        return self.cluster.decode.step_time_s(n + 1, ctx + context_tokens)
+
     def decode_load_now(self) -> float:
         """Current decode load: step time of the least-loaded decode instance with one more request
         of average context, ÷ the TBT SLO (> 1: it could not take another request now)."""
-        return min(d.step_with(self._ctx_mean) for d in self._decodes) / self.cluster.tbt_slo_s
+        return min(self._step_with(d, self._ctx_mean) for d in self._sim.decode) / self.cluster.tbt_slo_s
 
     def decode_load_predicted(self, at_s: float) -> float:
         """System-level prediction (arXiv v3 §7.2) of the decode load at ``at_s`` (when this request's
@@ -350,9 +447,9 @@ class Conductor:
         td = self.decode_time_s if self.decode_time_s is not None else self._td_mean
         if self.prediction == "exponential":
             # memoryless residual time: each decoding request is still there with p = exp(-Δ/t_d)
-            staying = sum(len(d.active) for d in self._decodes) * float(np.exp(-(at_s - self._now) / td))
+            staying = len(self._joined) * float(np.exp(-(at_s - self._now) / td))
         else:
-            staying = sum(1 for d in self._decodes for a in d.active.values() if a.joined_s + td > at_s)
+            staying = sum(1 for joined in self._joined.values() if joined + td > at_s)
         # requests whose prefill ends by at_s join decode — and are gone again if they joined over t_d ago
         arriving = sum(1 for f in self._in_prefill.values() if f <= at_s and f + td > at_s) + 1
         per = (staying + arriving) / self.cluster.n_decode
@@ -367,129 +464,105 @@ class Conductor:
             self._ctx_mean += alpha * (ctx - self._ctx_mean)
 
     # -- the replay ------------------------------------------------------------------------------
+    def specs(self) -> list[InstanceSpec]:
+        """The simulator's instances: prefill nodes one prompt at a time (first come first served)
+        with a prefix cache of ``cache_blocks_per_instance`` blocks, decode nodes with continuous
+        batching and the decode model's KV capacity; :class:`ConductorLatency` on both."""
+        c = self.cluster
+        latency = ConductorLatency(c.prefill, c.decode, c.gpus_per_instance)
+        blocks = c.cache_blocks_per_instance if c.cache_blocks_per_instance is not None else 1 << 40
+        prefill = InstanceSpec(latency, kv_capacity_tokens=blocks * c.block_tokens, role="prefill", max_num_seqs=1,
+                               max_batched_tokens=1 << 40, prefix_caching=True, prefix_block_tokens=c.block_tokens)
+        decode = InstanceSpec(latency, kv_capacity_tokens=c.decode.kv_capacity_tokens, role="decode",
+                              max_num_seqs=1 << 20)
+        return [*([prefill] * c.n_prefill), *([decode] * c.n_decode)]
+
     def run(self, requests: Sequence[Any]) -> ConductorResult:
         """Replay ``requests`` in arrival order; return per-request records and load samples."""
         c = self.cluster
+        self.rng = random.Random(self.seed)
         self._caches = [LRUBlockCache(c.cache_blocks_per_instance) for _ in range(c.n_prefill)]
         self._busy_until = [0.0] * c.n_prefill
-        self._decodes = [_Decode(c.decode) for _ in range(c.n_decode)]
-        self._in_prefill: dict[int, float] = {}
+        self._in_prefill: dict[str, float] = {}   # admitted request -> predicted end of its prefill
+        self._joined: dict[str, float] = {}       # request in decode -> when it joined
+        self._extra: dict[str, dict[str, Any]] = {}
         self._td_mean = 20.0     # seconds in decode, learnt as requests finish
         self._ctx_mean = 8000.0  # tokens of context per decoding request, learnt on admission
-        rp = _Replay()
-        for r in sorted(requests, key=lambda r: r.arrival_s):
-            rp.push(r.arrival_s, "arrive", r)
-        rp.next_sample_s = rp.events[0][0] if rp.events else 0.0
-        while rp.events:
-            now, _, kind, data = heapq.heappop(rp.events)
-            self._now = now
-            self._sample_until(rp, now)
-            if kind == "arrive":
-                self._arrive(rp, data, now)
-            elif kind == "prefilled":
-                self._prefilled(rp, data, now)
-            else:  # a decode instance may have finished requests
-                self._decode_step(rp, *data, now)
-        ordered = [rp.records[k] for k in sorted(rp.records)]
-        return ConductorResult(self.policy, self.admission, c, ordered, rp.samples)
+        self.samples: list[dict[str, float]] = []
+        self._window = [0, 0]    # accepted, rejected in the current sampling window
+        reqs = [r if isinstance(r, Request) else Request(r.request_id, r.arrival_s, r.prompt_tokens,
+                                                         r.output_tokens, tuple(r.hash_ids)) for r in requests]
+        self._next_sample_s = min((r.arrival_s for r in reqs), default=0.0)
+        self._sim = _Simulator(self, self.specs())
+        result = self._sim.run(reqs)
+        records = sorted(result.records, key=lambda r: r.request_id)
+        for rec in records:
+            extra = self._extra.get(str(rec.request_id), {})
+            if rec.extra.get("rejected") == "arrival":
+                extra = {k: v for k, v in extra.items() if k.startswith("decode_load")}
+            rec.extra.update(extra)
+            if rec.extra.get("rejected") == "decode":
+                rec.first_token_s = None
+            if rec.instance.startswith("prefill-"):
+                rec.instance = "P" + rec.instance.removeprefix("prefill-")
+            times = rec.token_times_s
+            rec.extra["tbt_max_s"] = float(np.max(np.diff(times))) if times is not None and len(times) > 1 else 0.0
+            rec.token_times_s = None
+        return ConductorResult(self.policy, self.admission, c, records, self.samples)
 
-    def _sample_until(self, rp: _Replay, now: float) -> None:
+    def _sample_until(self, now: float) -> None:
         """Load samples every ``sample_every_s`` up to ``now`` (loads ÷ SLOs; admissions per window)."""
         c = self.cluster
-        while now >= rp.next_sample_s:
-            t = rp.next_sample_s
-            rp.samples.append({
+        while now >= self._next_sample_s:
+            t = self._next_sample_s
+            steps, n_all = [], 0
+            for d in self._sim.decode:
+                n, ctx = _decode_state(d)
+                steps.append(c.decode.step_time_s(n, ctx))
+                n_all += n
+            self.samples.append({
                 "time_s": t,
                 "prefill_load": float(np.mean([max(0.0, b - t) for b in self._busy_until])) / c.ttft_slo_s,
-                "decode_load": float(np.mean([d.step_s for d in self._decodes])) / c.tbt_slo_s,
-                "decode_requests": float(sum(len(d.active) for d in self._decodes)),
-                "accepted": rp.accepted, "rejected": rp.rejected,
+                "decode_load": float(np.mean(steps)) / c.tbt_slo_s,
+                "decode_requests": float(n_all),
+                "accepted": self._window[0], "rejected": self._window[1],
             })
-            rp.accepted = rp.rejected = 0
-            rp.next_sample_s += self.sample_every_s
+            self._window = [0, 0]
+            self._next_sample_s += self.sample_every_s
 
-    def _rejection_on_arrival(self, rec: RequestRecord, p: PrefillChoice, now: float) -> str:
+    def _rejection_on_arrival(self, req: Any, p: PrefillChoice, now: float) -> str:
         """Why the admission rule turns the request away on arrival ("" to accept it)."""
+        extra = self._extra[str(req.request_id)] = {}
         if self.admission in ("early", "predicted"):
-            rec.extra["decode_load_now"] = self.decode_load_now()
-            rec.extra["decode_load_predicted"] = self.decode_load_predicted(now + p.ttft_s)
+            extra["decode_load_now"] = self.decode_load_now()
+            extra["decode_load_predicted"] = self.decode_load_predicted(now + p.ttft_s)
         if self.admission == "none":
             return ""
         if p.ttft_s > self.cluster.ttft_slo_s:
             return "TTFT SLO"
-        if self.admission == "early" and rec.extra["decode_load_now"] > 1.0:
+        if self.admission == "early" and extra["decode_load_now"] > 1.0:
             return "decode load"
-        if self.admission == "predicted" and rec.extra["decode_load_predicted"] > 1.0:
+        if self.admission == "predicted" and extra["decode_load_predicted"] > 1.0:
             return "predicted decode load"
         return ""
 
-    def _arrive(self, rp: _Replay, r: Any, now: float) -> None:
-        """Place the request's prefill (Algorithm 1), or reject it; start the prefill."""
-        rec = RequestRecord(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
-        rp.records[r.request_id] = rec
-        p = self.place(r, now)
-        reason = self._rejection_on_arrival(rec, p, now)
-        if reason:
-            rec.ok, rec.error = False, f"rejected on arrival (HTTP 429): {reason}"
-            rec.extra["rejected"] = "arrival"
-            rp.rejected += 1
-            return
-        rp.accepted += 1
+    def _commit(self, now: float) -> None:
+        """The pending request is admitted: its prefill joins the chosen node's queue (the Conductor's
+        prediction), its blocks that node's cache, and a fetched prefix lands in that node's DRAM."""
+        r, p = self.pending
+        self._window[0] += 1
         finish = now + p.ttft_s
         self._busy_until[p.instance] = finish
         self._caches[p.instance].insert(r.hash_ids)  # computed or replicated blocks stay here
-        self._in_prefill[r.request_id] = finish
+        if p.remote_tokens:
+            fetched = -(-p.prefix_tokens // self.cluster.block_tokens)
+            _prefix_cache(self._sim.front[p.instance]).insert(r.hash_ids[:fetched])
+        key = str(r.request_id)
+        self._in_prefill[key] = finish
         self._observe(ctx=r.prompt_tokens + r.output_tokens / 2)
-        rec.instance = f"P{p.instance}"
-        rec.extra.update(prefix_tokens=p.prefix_tokens, local_tokens=p.local_tokens,
-                         remote_tokens=p.remote_tokens, queue_s=p.queue_s, transfer_s=p.transfer_s,
-                         prefill_s=p.prefill_s)
-        rp.push(finish, "prefilled", r)
-
-    def _prefilled(self, rp: _Replay, r: Any, now: float) -> None:
-        """The prefill ended (first token): join the least-loaded decode instance, or be rejected."""
-        c = self.cluster
-        rec = rp.records[r.request_id]
-        self._in_prefill.pop(r.request_id, None)
-        rec.first_token_s = now
-        k = min(range(c.n_decode), key=lambda j: (self._decodes[j].kv_tokens, len(self._decodes[j].active)))
-        d = self._decodes[k]
-        d.advance(now)
-        ctx = r.prompt_tokens + 1
-        rec.extra["decode_load_at_join"] = d.step_with(ctx) / c.tbt_slo_s
-        if self.admission != "none" and (d.step_with(ctx) > c.tbt_slo_s or
-                                         d.kv_tokens + ctx + r.output_tokens > c.decode.kv_capacity_tokens):
-            rec.ok, rec.error = False, "rejected after prefill: decode instance full"
-            rec.extra["rejected"] = "decode"
-            rec.first_token_s = None
-            return
-        rec.extra["decode_instance"] = f"D{k}"
-        if r.output_tokens <= 1:
-            rec.finish_s = now
-            rec.extra["tbt_max_s"] = 0.0
-            return
-        d.active[r.request_id] = _Active(float(r.output_tokens - 1), float(ctx), now)
-        d.refresh()
-        self._schedule_decode(rp, k)
-
-    def _decode_step(self, rp: _Replay, k: int, version: int, now: float) -> None:
-        """Decode instance ``k``'s planned finish (stale if its batch changed since): finish requests."""
-        d = self._decodes[k]
-        if version != d.version:
-            return
-        d.advance(now)
-        for rid in [rid for rid, a in d.active.items() if a.remaining <= 1e-9]:
-            a = d.active.pop(rid)
-            rp.records[rid].finish_s = now
-            rp.records[rid].extra["tbt_max_s"] = a.max_step_s
-            self._observe(decode_s=now - a.joined_s)
-        d.refresh()
-        self._schedule_decode(rp, k)
-
-    def _schedule_decode(self, rp: _Replay, k: int) -> None:
-        t = self._decodes[k].next_finish()
-        if t is not None:
-            rp.push(t, "decode", (k, self._decodes[k].version))
+        self._extra[key].update(prefix_tokens=p.prefix_tokens, local_tokens=p.local_tokens,
+                                remote_tokens=p.remote_tokens, queue_s=p.queue_s, transfer_s=p.transfer_s,
+                                prefill_s=p.prefill_s)
 
 
 def compare_policies(requests: Sequence[Any], cluster: Cluster, policies: Sequence[str] = CONDUCTOR_POLICIES, *,
