@@ -45,6 +45,9 @@ def register(sub: Subcommands) -> None:
     c.add_argument("--repeats", type=int, help="override: samples per point (median kept)")
     c.add_argument("--max-probe-tokens", type=int, help="override: the most prompt tokens (b·p) one decode probe holds")
     c.add_argument("--tokenizer", help="model folder whose tokenizer builds prompts (default: the server's)")
+    c.add_argument("--device", choices=["cpu", "cuda"],
+                   help="what the probed engine runs on, written to the profile (a CPU engine's simulations count "
+                   "cores; default: this machine's for a server on 127.0.0.1 or localhost, else not written)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(func=run_calibrate)
@@ -67,9 +70,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
         plan.check()
     except ValueError as exc:
         raise CLIError(f"probe plan: {exc}") from None
+    device = args.device
+    if device is None and any(host in args.url for host in ("//127.0.0.1", "//localhost")):
+        from pdlab.hardware import resolve_device
+
+        device = resolve_device("auto")
     try:
         res = calibrate(args.url, plan=plan, decode_url=args.decode_url, proxy_url=args.proxy_url, seed=args.seed,
-                        client=ClientOptions(tokenizer=args.tokenizer))
+                        client=ClientOptions(tokenizer=args.tokenizer), meta={"device": device} if device else None)
     except OSError as exc:
         raise CLIError(f"cannot probe {args.url}: {exc}") from exc
     except RuntimeError as exc:
