@@ -17,6 +17,12 @@ The KV hand-off faults drive the two legs of vLLM's protocol themselves (the pro
 :func:`~pdlab.serve.proxy.prefill_request` / :func:`~pdlab.serve.proxy.decode_request`), so the
 fault lands exactly between them: after the prefill computed the KV, before the decode pulled it.
 What the decode does then is its ``kv_load_failure_policy``: ``fail`` or ``recompute``.
+
+:func:`silent_fallback` injects the failure that raises no error at all: a front door that drops
+``kv_transfer_params`` (the proxy's ``--drop-kv-transfer-params``). The decode then prefills every
+prompt itself; the engines' own counters show it
+(:func:`~pdlab.serve.measure.evidence.check_kv_transfer_is_used`), and the client pays in TTFT and
+decode speed against the healthy pair.
 """
 
 from __future__ import annotations
@@ -30,11 +36,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from pdlab.serve.measure.evidence import scrape_metrics
+from pdlab.serve.measure.evidence import KVTransferVerdict, check_kv_transfer_is_used, scrape_metrics
 from pdlab.serve.proxy import decode_request, prefill_request
 
 __all__ = ["FAULTS", "StreamOutcome", "FaultOutcome", "stream", "engine_state", "wait_idle", "reference_text",
-           "run_fault"]
+           "run_fault", "FALLBACK_DOORS", "FallbackRun", "silent_fallback"]
 
 #: The faults, in the order a lab runs them (the last ones restart a server).
 FAULTS = ("client disconnects mid-stream", "proxy killed with streams open", "decode killed mid-stream",
@@ -255,3 +261,59 @@ def run_fault(dep, fault: str, policy: str, body: dict[str, Any], reference: str
                         (out.text == reference) if out.kind == "answer" else None,
                         leaked=not idle, left_behind=len(left), recovered=after.kind == "answer",
                         detail=f"{what}; client: {out.message or out.kind}; engines after recovery: {state}")
+
+
+#: The two front doors :func:`silent_fallback` compares, in the order it runs them.
+FALLBACK_DOORS = ("healthy proxy", "proxy drops kv_transfer_params")
+
+
+@dataclass
+class FallbackRun:
+    """One front door's run in :func:`silent_fallback`: the client's summary (``pdlab.metrics.summarize``,
+    seconds), the prompt tokens it sent, and the decode server's verdict from its own ``/metrics``."""
+
+    front_door: str
+    summary: dict[str, Any]
+    prompt_tokens: int
+    verdict: KVTransferVerdict
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Per-stream decode speed (tokens/s): 1 / the median time per output token after the first."""
+        tpot_s = self.summary.get("tpot_p50_s")
+        return 1.0 / tpot_s if tpot_s and tpot_s == tpot_s else float("nan")
+
+
+def silent_fallback(dep, requests, *, port: int, client=None, seed: int = 0) -> dict[str, FallbackRun]:
+    """Run ``requests`` through ``dep``'s own proxy, then through a second proxy on ``port`` in front of the
+    same servers, started with ``--drop-kv-transfer-params``; return :class:`FallbackRun` by front door
+    (:data:`FALLBACK_DOORS`).
+
+    Each run sends its own prompt text (seeds ``seed`` and ``seed + 1``), so the second cannot find the
+    first's prompts in a prefix cache. The decode server's ``/metrics`` is scraped before and after each
+    run; ``client``: :class:`~pdlab.serve.client.bench.ClientOptions` (None: the defaults).
+    """
+    from pdlab.serve.client.bench import ClientOptions, run_bench
+    from pdlab.serve.engines.deploy import start_proxy
+
+    if not requests:
+        raise ValueError("silent_fallback needs at least one request")
+    client = client or ClientOptions()
+    decode = dep.decode[0]
+    runs: dict[str, FallbackRun] = {}
+    for k, door in enumerate(FALLBACK_DOORS):
+        proxy = None if k == 0 else start_proxy([s.url for s in dep.prefill], [s.url for s in dep.decode], port=port,
+                                                extra_args=["--drop-kv-transfer-params"])
+        try:
+            url = dep.url if proxy is None else f"http://127.0.0.1:{port}"
+            before = scrape_metrics(decode.url)
+            res = run_bench(url, requests, client=client, progress=False, seed=seed + k)
+            after = scrape_metrics(decode.url)
+        finally:
+            if proxy is not None:
+                proxy.stop()
+        if res.summary["failed"]:
+            raise RuntimeError(f"{res.summary['failed']} requests failed behind the {door}: {res.summary['errors'][:3]}")
+        sent = sum(r.server_prompt_tokens or r.prompt_tokens for r in res.records if r.ok)  # the server's count
+        runs[door] = FallbackRun(door, res.summary, sent, check_kv_transfer_is_used(before, after, sent))
+    return runs

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = ["parse_prometheus", "scrape_metrics", "MetricsSnapshot", "KVTransferEvidence", "kv_transfer_evidence",
-           "prefix_cache_hit_share", "largest_hit_share"]
+           "KVTransferVerdict", "check_kv_transfer_is_used", "prefix_cache_hit_share", "largest_hit_share"]
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
     """Parse the Prometheus text exposition format into ``(name, labels, value)`` samples.
@@ -157,6 +157,53 @@ def kv_transfer_evidence(before: MetricsSnapshot, after: MetricsSnapshot) -> KVT
         nixl_xfer_time_s=delta("vllm:nixl_xfer_time_seconds_sum"),
         nixl_failed_transfers=int(delta("vllm:nixl_num_failed_transfers_total")),
     )
+
+
+@dataclass(frozen=True)
+class KVTransferVerdict:
+    """What :func:`check_kv_transfer_is_used` found: ``ok`` and a sentence that says why, with the counts."""
+
+    ok: bool
+    reason: str
+    evidence: KVTransferEvidence
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def check_kv_transfer_is_used(before: MetricsSnapshot, after: MetricsSnapshot, prompt_tokens: int, *,
+                              max_local_share: float = 0.5) -> KVTransferVerdict:
+    """Did a decode server load the prompts' KV from the prefill side, between two scrapes of its ``/metrics``?
+
+    ``prompt_tokens``: the prompt tokens the client sent through the P/D pair between the scrapes (its
+    own count). A pair that works loads them through the KV connector and computes only the last,
+    partial block of each prompt; a silent fallback to decode-only (a front door that drops
+    ``kv_transfer_params``, a wrong side-channel port) shows 0 external KV tokens and a local prefill
+    equal to the prompt, with no error anywhere. Not ok when decode loaded no token through the
+    connector, computed more than ``max_local_share`` of the prompt tokens it did not find in its own
+    prefix cache, saw fewer prompt tokens than were sent (the requests went elsewhere), or found every
+    one in its prefix cache (nothing to judge).
+    """
+    if prompt_tokens < 1:
+        raise ValueError(f"prompt_tokens must be ≥ 1 (the tokens sent between the scrapes), got {prompt_tokens}")
+    if not 0 < max_local_share < 1:
+        raise ValueError(f"max_local_share must lie in (0, 1), got {max_local_share}")
+    ev = kv_transfer_evidence(before, after)
+    counts = (f"{ev.prompt_tokens:,} prompt tokens reached decode: {ev.external_kv_tokens:,} loaded through the KV "
+              f"connector, {ev.local_compute_tokens:,} computed locally, {ev.local_cache_hit_tokens:,} from its prefix cache")
+    if ev.prompt_tokens < prompt_tokens:
+        return KVTransferVerdict(False, f"decode saw {ev.prompt_tokens:,} of the {prompt_tokens:,} prompt tokens sent: "
+                                        "the requests did not all reach this decode server", ev)
+    to_load = ev.prompt_tokens - ev.local_cache_hit_tokens
+    if to_load <= 0:
+        return KVTransferVerdict(False, f"cannot tell: every prompt token came from decode's prefix cache ({counts}); "
+                                        "send prompts it has not seen", ev)
+    if ev.external_kv_tokens == 0:
+        return KVTransferVerdict(False, f"silent fallback to decode-only: {counts}", ev)
+    if ev.local_compute_tokens > max_local_share * to_load:
+        return KVTransferVerdict(False, f"decode recomputed most prompts ({ev.local_compute_tokens / to_load:.0%} of "
+                                        f"the tokens it had to load): {counts}", ev)
+    return KVTransferVerdict(True, f"the KV transfer is used: {counts}", ev)
 
 
 def prefix_cache_hit_share(before: MetricsSnapshot, after: MetricsSnapshot) -> float:

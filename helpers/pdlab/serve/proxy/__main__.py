@@ -34,6 +34,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="admission also reads the engines' vLLM /metrics (queue, decode KV headroom)")
     parser.add_argument("--admission-kv-limit", type=float, default=0.95,
                         help="refuse what would take decode's KV-cache usage above this share (with --engine-metrics)")
+    parser.add_argument("--drop-kv-transfer-params", action="store_true",
+                        help="fault mode: send the decode leg without the prefill's kv_transfer_params "
+                             "(the decode prefills every prompt itself, silently)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ProxyConfig([u.rstrip("/") for u in args.prefill], [u.rstrip("/") for u in args.decode],
@@ -41,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                          read_timeout_s=args.read_timeout, admission_profile=args.admission_profile,
                          ttft_slo_s=args.ttft_slo, handoff_s=args.handoff, tokenizer=args.tokenizer,
                          admission_learn=args.admission_learn, admission_headroom=args.admission_headroom,
-                         engine_metrics=args.engine_metrics, admission_kv_limit=args.admission_kv_limit)
+                         engine_metrics=args.engine_metrics, admission_kv_limit=args.admission_kv_limit,
+                         drop_kv_transfer_params=args.drop_kv_transfer_params)
     web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
                 print=lambda msg: print(msg, flush=True))
 

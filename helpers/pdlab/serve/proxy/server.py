@@ -79,6 +79,9 @@ class ProxyConfig:
     #: take decode's KV usage above ``admission_kv_limit`` (0–1), and learn the hand-off under load.
     engine_metrics: bool = False
     admission_kv_limit: float = 0.95
+    #: A fault mode (lab 06): send the decode leg without the prefill's ``kv_transfer_params``, as a front
+    #: door that does not thread them through. The decode then prefills every prompt itself, with no error.
+    drop_kv_transfer_params: bool = False
 
     def __post_init__(self) -> None:
         if not self.prefill_urls or not self.decode_urls:
@@ -379,7 +382,8 @@ class PDProxy:
                     self.state.admission.observe_handoff(timing.ttft_s - timing.prefill_leg_s)
 
         response, _ = await relay(
-            request, job.decode_url, decode_request(job.body, kv_params), stats=self.state.stats,
+            request, job.decode_url, decode_request(job.body, None if self.config.drop_kv_transfer_params else kv_params),
+            stats=self.state.stats,
             who="decode server", error_kind=_KIND, forward_headers=job.forward_headers, on_chunk=on_chunk,
             response_headers={"X-Request-Id": job.request_id, "X-Prefill-Seconds": f"{job.prefill_leg_s:.6f}",
                               "X-Prefill-Url": job.prefill_url, "X-Decode-Url": job.decode_url})
