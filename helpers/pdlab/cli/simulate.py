@@ -242,10 +242,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         kwargs.update(instances=args.instances or 1)
     reqs = _requests(args)
-    units = ("GPU", "GPUs")
+    units, device = ("GPU", "GPUs"), None
     if cal is not None:
         records, dep, how, sim_wall_s = _replay(args, cal, reqs)
-        units = _UNITS[cal.device]
+        device = cal.device
+        units = _UNITS[device]
         s = {**summarize(records, slo, num_gpus=dep.engines), "num_gpus": dep.engines if units[0] == "GPU" else None,
              "preemptions": sum(r.preemptions for r in records)}
     else:
@@ -263,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
                    calibrated_terms=cal.terms() if cal is not None else None)
     if cal is not None:
         per_engine = payload.pop("per_gpu_goodput_rps")
-        payload.update(deployment=str(dep), engines=dep.engines, device=cal.device, carried_terms=how.applied,
+        payload.update(deployment=str(dep), engines=dep.engines, device=device, carried_terms=how.applied,
                        unused_terms=how.unused, **{f"per_{units[0].lower()}_goodput_rps": per_engine})
         if units[0] == "core":
             payload["num_cores"] = dep.engines

@@ -230,7 +230,9 @@ def carry(calibration: Calibration, deployment: str | Deployment) -> Carry:
         c = cal.contention
         if dep.disaggregated:
             applied["cpu_contention"] = (f"each step of an engine is 1 + c·n times as long while n other engines on "
-                                         f"the host are busy (c = {c.prefill:.3g} prefill, {c.decode:.3g} decode)")
+                                         f"the host are busy (c = {c.prefill:.3g} prefill, {c.decode:.3g} decode; "
+                                         "measured beside one engine of the other role, every busy engine "
+                                         "counts alike)")
         elif dep.instances == 1:
             unused["cpu_contention"] = "one engine: no other engine on the host"
         else:
