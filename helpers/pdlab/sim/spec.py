@@ -1,7 +1,9 @@
 """What a simulated deployment is made of: :class:`InstanceSpec` (one serving instance: latency
 model, KV capacity, role, batch scheduler, prefix caching, hand-off physics) and :class:`KVLink` (the
 path KV takes from a prefill to a decode instance). The behaviour they select is described in
-:mod:`pdlab.sim.engine` and :mod:`pdlab.sim.instance`.
+:mod:`pdlab.sim.engine`, :mod:`pdlab.sim.instance` and :mod:`pdlab.sim.schedulers` (the scheduler
+names: the built-in ``"vllm"`` and ``"chunked"``, and any added with
+:func:`pdlab.sim.schedulers.register_scheduler`).
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from dataclasses import dataclass
 
 from pdlab.kvcache import BLOCK_TOKENS
 from pdlab.sim.latency import LatencyModel
+from pdlab.sim.schedulers import scheduler_class
 
-__all__ = ["InstanceSpec", "KVLink", "ROLES", "SCHEDULERS", "HANDOFF_RESERVATIONS", "LINK_SHARING"]
+__all__ = ["InstanceSpec", "KVLink", "ROLES", "HANDOFF_RESERVATIONS", "LINK_SHARING"]
 
 ROLES = ("colocated", "prefill", "decode")
-SCHEDULERS = ("vllm", "chunked")
 HANDOFF_RESERVATIONS = ("prompt", "vllm", "none")
 LINK_SHARING = ("fifo", "fair")
 
@@ -23,8 +25,9 @@ LINK_SHARING = ("fifo", "fair")
 class InstanceSpec:
     """How to build one instance. ``latency.tp``/``latency.pp`` give its GPU count.
 
+    ``scheduler``: the name of a registered batch scheduler (:mod:`pdlab.sim.schedulers`).
     ``prefix_caching`` / ``prefix_block_tokens``: vLLM-style automatic prefix caching on colocated
-    and prefill instances (see :mod:`pdlab.sim.instance`). ``handoff_reservation`` (decode instances),
+    and prefill instances (see :mod:`pdlab.sim.kvmanager`). ``handoff_reservation`` (decode instances),
     ``cpu_group``, ``cpu_contention`` and ``admit_overhead_s``: hand-off physics, see
     :mod:`pdlab.sim.engine`.
     """
@@ -47,8 +50,7 @@ class InstanceSpec:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        scheduler_class(self.scheduler)     # a clear error for a name that is not registered
         if self.handoff_reservation not in HANDOFF_RESERVATIONS:
             raise ValueError(f"handoff_reservation must be one of {HANDOFF_RESERVATIONS}, "
                              f"got {self.handoff_reservation!r}")
