@@ -125,6 +125,18 @@ def test_a_calibrated_cpu_run_counts_cores(tmp_path, capsys):
     assert "5/5 requests on 2 GPUs" in capsys.readouterr().out
 
 
+def test_a_profile_without_a_device_probed_here_takes_this_machines(monkeypatch):
+    import pdlab.hardware
+
+    lat = FittedLatency(ENGINE.prefill, ENGINE.decode, meta={"url": "http://127.0.0.1:8100"})
+    monkeypatch.setattr(pdlab.hardware, "resolve_device", lambda device: "cpu")
+    assert Calibration(lat).device == "cpu"
+    monkeypatch.setattr(pdlab.hardware, "resolve_device", lambda device: "cuda")
+    assert Calibration(lat).device == "cuda"
+    assert Calibration(lat.derive(meta={"url": "http://10.0.0.5:8100"})).device is None
+    assert Calibration(lat.derive(meta={"device": {"kind": "cpu", "name": "x86_64"}})).device == "cpu"
+
+
 def test_terms_that_cannot_carry_are_errors_that_name_them_and_say_why(tmp_path, capsys):
     """A pair's calibration (contention between the roles, the pair's prefill core load) carries to
     xPyD, not to colocated replicas; a front end on the engines' cores needs its term and must not

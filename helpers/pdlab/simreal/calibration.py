@@ -481,13 +481,17 @@ class Calibration:
 
     @property
     def device(self) -> str | None:
-        """The device the calibrated engine ran on, ``"cpu"`` or ``"cuda"``: the profile's ``device``;
+        """The device the calibrated engine ran on, ``"cpu"`` or ``"cuda"``: the profile's ``device``
+        (a name, or a GPU profile's ``{"kind": ...}``);
         else ``"cuda"`` where it names a ``gpu``; else, for a server probed on this machine
         (``url`` on 127.0.0.1 or localhost), this machine's (:func:`pdlab.hardware.resolve_device`);
         else None (unknown)."""
         meta = self.latency.meta
-        if meta.get("device"):
-            return "cpu" if str(meta["device"]).lower() == "cpu" else "cuda"
+        device = meta.get("device")
+        if isinstance(device, Mapping):       # a GPU profile's {"kind": ..., "name": ...}
+            device = device.get("kind")
+        if device:
+            return "cpu" if str(device).lower() == "cpu" else "cuda"
         if meta.get("gpu"):
             return "cuda"
         if any(host in str(meta.get("url", "")) for host in ("//127.0.0.1", "//localhost")):
