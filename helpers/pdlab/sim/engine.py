@@ -1,6 +1,7 @@
 """The discrete-event core: the event loop, KV hand-off from prefill to decode instances over
-the link, and the run's records. Instances and their batch schedulers are in
-:mod:`pdlab.sim.instance`; what a deployment is made of in :mod:`pdlab.sim.spec`.
+the link, and the run's records. Instances are in :mod:`pdlab.sim.instance`, their batch
+schedulers in :mod:`pdlab.sim.schedulers`, their KV memory in :mod:`pdlab.sim.kvmanager`; what a
+deployment is made of in :mod:`pdlab.sim.spec`.
 
 Events are per iteration, not per token: an iteration's end is one event, and a run of pure-decode
 iterations with a fixed batch is planned as one event and cut short when new work reaches the
@@ -51,7 +52,7 @@ from pdlab.metrics import RequestRecord
 from pdlab.sim.admission import REJECTED, AdmissionPolicy, rejection_error
 from pdlab.sim.dispatch import DispatchPolicy, make_dispatch
 from pdlab.sim.instance import Instance
-from pdlab.sim.spec import HANDOFF_RESERVATIONS, LINK_SHARING, ROLES, SCHEDULERS, InstanceSpec, KVLink
+from pdlab.sim.spec import HANDOFF_RESERVATIONS, LINK_SHARING, ROLES, InstanceSpec, KVLink
 from pdlab.sim.state import (
     EV_DONE,
     EV_JOIN,
@@ -64,7 +65,7 @@ from pdlab.sim.state import (
 )
 from pdlab.workloads import Request
 
-__all__ = ["InstanceSpec", "KVLink", "Instance", "Simulator", "SimResult", "ROLES", "SCHEDULERS",
+__all__ = ["InstanceSpec", "KVLink", "Instance", "Simulator", "SimResult", "ROLES",
            "HANDOFF_RESERVATIONS", "LINK_SHARING"]
 
 
@@ -161,12 +162,19 @@ class Simulator:
     def push(self, t: float, kind: int, a: Any, b: Any) -> int:
         """Schedule an event of ``kind`` (:data:`pdlab.sim.state.EV_DONE` …) at ``t`` with payload
         ``(a, b)``; equal times keep push order. Returns the event's sequence number (an
-        ``EV_DONE`` event runs only while it is its batch's ``seq``). The heap of events is
-        ``event_heap`` and the last sequence number ``event_seq`` (instances push their batches'
-        completions there directly, as this method does)."""
+        ``EV_DONE`` event runs only while it is its batch's ``seq``). The heap of events
+        (``event_heap``) and the last sequence number (``event_seq``) are the engine's own: parts
+        schedule events through this method and :meth:`schedule_batch`."""
         self.event_seq = seq = self.event_seq + 1
         heapq.heappush(self.event_heap, (t, seq, kind, a, b))
         return seq
+
+    def schedule_batch(self, inst: Instance, b: Batch) -> None:
+        """Schedule the completion of ``inst``'s batch ``b`` at ``b.end``: ``push(b.end, EV_DONE,
+        inst, b)``, written out (once per batch), with ``b.seq`` set to the event's number; an
+        earlier completion event of ``b`` (a plan cut short) is then passed over."""
+        self.event_seq = b.seq = seq = self.event_seq + 1
+        heapq.heappush(self.event_heap, (b.end, seq, EV_DONE, inst, b))
 
     def token_mark(self, b: Batch) -> float:
         """What each decode of the completed multi-step batch ``b`` appends to its token times: a
@@ -233,12 +241,13 @@ class Simulator:
             if mode == "none":
                 r.staged = True         # lands in host memory; GPU room is taken when it joins the batch
             else:
-                if dst.kv_used + need > dst.capacity:
+                kv = dst.kv_manager
+                if kv.used + need > kv.capacity:
                     return
                 if mode == "vllm" and len(dst.running) >= dst.spec.max_num_seqs:
                     return
                 dst.queued_tokens -= need
-                dst.kv_used += need
+                kv.reserve(need)
             q.popleft()
             self._start_transfer(src, r, need, now)
 
@@ -342,9 +351,10 @@ class Simulator:
             info = {"name": i.name, "role": i.role, "tp": int(getattr(i.latency, "tp", 1)),
                     "pp": i.pp, "num_gpus": i.num_gpus, "kv_capacity_tokens": i.capacity,
                     "iterations": i.iterations, "busy_s": i.busy_s, "preemptions": i.preemptions}
-            if i.prefix_cache is not None and type(i) is Instance:
-                info["prefix_hit_tokens"] = i.hit_tokens
-                info["prefix_hit_ratio"] = i.hit_tokens / i.prompt_tokens_seen if i.prompt_tokens_seen else 0.0
+            kv = i.kv_manager
+            if kv.prefix_cache is not None and type(i) is Instance:
+                info["prefix_hit_tokens"] = kv.hit_tokens
+                info["prefix_hit_ratio"] = kv.hit_tokens / kv.prompt_tokens_seen if kv.prompt_tokens_seen else 0.0
             infos.append(info)
         return SimResult(records, time.perf_counter() - t0, sum(i.num_gpus for i in self.instances), infos, now)
 
