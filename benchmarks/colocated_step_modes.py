@@ -35,8 +35,8 @@ import time
 import numpy as np
 import psutil
 from pdlab.process import free_port, pinned
-from pdlab.serve import colocated
 from pdlab.serve.client.bench import build_workload, run_bench
+from pdlab.serve.engines import colocated
 from pdlab.serve.engines.modelbuild import tiny_model_dir
 from pdlab.serve.measure.cpucost import machine_cpu_seconds, tree_processes
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 
 from pdlab.process import free_port
-from pdlab.serve import colocated
 from pdlab.serve.client.agreement import ClientSamples, compare_clients
 from pdlab.serve.client.bench import ClientOptions, build_workload, run_bench
+from pdlab.serve.engines import colocated
 from pdlab.serve.engines.modelbuild import tiny_model_dir
 from pdlab.workloads import Request
 

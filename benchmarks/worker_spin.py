@@ -29,8 +29,9 @@ import statistics
 import time
 
 import psutil
-from pdlab.serve import colocated, free_port
+from pdlab.process import free_port
 from pdlab.serve.client.bench import run_bench
+from pdlab.serve.engines import colocated
 from pdlab.serve.engines.modelbuild import tiny_model_dir
 from pdlab.serve.measure.cpucost import tree_processes
 from pdlab.workloads import synthetic_requests

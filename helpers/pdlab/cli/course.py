@@ -59,7 +59,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pdlab.course import format_table, run_course
+    from pdlab.course import run_course
+    from pdlab.course.run import format_table
 
     results = run_course(profile=args.profile, only=args.only, student=args.student,
                          timeout_s=args.timeout, html_export=not args.no_html, out_dir=args.out)

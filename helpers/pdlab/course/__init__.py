@@ -5,14 +5,49 @@
 - :mod:`pdlab.course.run` — papermill runs of one notebook or the whole course.
 - :mod:`pdlab.course.export` — executed notebooks to HTML/Markdown; a lab's write-up notebook.
 
-The public names of the three are re-exported here.
+The names of the three other packages use are listed here.
 """
 
-from pdlab.course import export as _export_module
-from pdlab.course import generate as _generate_module
-from pdlab.course import run as _run_module
-from pdlab.course.export import *  # noqa: F403 - the names listed in export.__all__
-from pdlab.course.generate import *  # noqa: F403 - the names listed in generate.__all__
-from pdlab.course.run import *  # noqa: F403 - the names listed in run.__all__
+from pdlab.course.export import (
+    ChromiumNotFoundError,
+    export,
+    export_writeup,
+    find_chromium,
+    table_html,
+    writeup_cells,
+    writeup_notebook,
+)
+from pdlab.course.generate import (
+    build,
+    ci_minutes,
+    ci_seconds,
+    course_map,
+    normalize_solution,
+    notebooks_with_outputs,
+    out_of_sync,
+    solution_notebooks,
+    strip_outputs,
+    student_copy,
+    student_notebooks,
+)
+from pdlab.course.run import (
+    INDEX_RESULTS,
+    KERNEL_ENCRYPTION,
+    RunResult,
+    ensure_kernel,
+    run_course,
+    run_notebook,
+    write_index,
+)
 
-__all__ = [*_generate_module.__all__, *_run_module.__all__, *_export_module.__all__]
+__all__ = [
+    # generate
+    "ci_minutes", "ci_seconds", "student_copy", "build", "out_of_sync", "strip_outputs",
+    "notebooks_with_outputs", "solution_notebooks", "student_notebooks", "normalize_solution", "course_map",
+    # run
+    "INDEX_RESULTS", "KERNEL_ENCRYPTION", "RunResult", "ensure_kernel", "run_notebook", "run_course",
+    "write_index",
+    # export
+    "export", "writeup_notebook", "export_writeup", "writeup_cells", "table_html", "find_chromium",
+    "ChromiumNotFoundError",
+]

@@ -8,13 +8,64 @@
 - ``dynamo_replay.py`` and ``dynamo_planner_replay.py`` — standalone scripts run by the peers'
   own Python (``.venv-peers``, ``scripts/install_peers.sh``); they import no pdlab.
 
-The names of ``dynamo_compare``, ``dynamo_planner`` and ``aic_compare`` are re-exported here.
+The names of ``dynamo_compare``, ``dynamo_planner`` and ``aic_compare`` other packages use are listed here.
 Nothing runs at import time; the peers' packages are imported only when a comparison runs.
 """
 
-from pdlab.peers import aic_compare, dynamo_compare, dynamo_planner
-from pdlab.peers.aic_compare import *  # noqa: F403 - the names listed in aic_compare.__all__
-from pdlab.peers.dynamo_compare import *  # noqa: F403 - the names listed in dynamo_compare.__all__
-from pdlab.peers.dynamo_planner import *  # noqa: F403 - the names listed in dynamo_planner.__all__
+from pdlab.peers.aic_compare import (
+    GRIDS,
+    REFERENCE_POINTS,
+    add_aiconfigurator,
+    aic_available,
+    aic_comparison,
+    aic_estimate,
+    pdlab_estimate,
+)
+from pdlab.peers.dynamo_compare import (
+    MECHANISMS,
+    METRICS,
+    PEER_MODES,
+    PeerSettings,
+    chunked_prefill_s,
+    compare_rows,
+    diff_summary,
+    disagreements,
+    dynamo_engine_args,
+    dynamo_metrics,
+    dynamo_profile_arrays,
+    dynamo_replay_kwargs,
+    format_table,
+    max_context,
+    peers_python,
+    prefill_busy_fraction,
+    run_dynamo,
+    run_pdlab,
+    write_dynamo_profile,
+    write_trace_slice,
+)
+from pdlab.peers.dynamo_planner import (
+    PlannerRun,
+    PlannerUnavailable,
+    format_split_table,
+    parse_planner_report,
+    place_split,
+    planner_config,
+    planner_replay_kwargs,
+    run_dynamo_planner,
+    split_rows,
+    trace_workload,
+)
 
-__all__ = [*dynamo_compare.__all__, *dynamo_planner.__all__, *aic_compare.__all__]
+__all__ = [
+    # dynamo_compare
+    "PeerSettings", "PEER_MODES", "METRICS", "MECHANISMS", "peers_python", "dynamo_profile_arrays",
+    "write_dynamo_profile", "dynamo_engine_args", "dynamo_replay_kwargs", "dynamo_metrics", "run_pdlab",
+    "run_dynamo", "compare_rows", "format_table", "disagreements", "write_trace_slice", "chunked_prefill_s",
+    "diff_summary", "prefill_busy_fraction", "max_context",
+    # dynamo_planner
+    "PlannerUnavailable", "PlannerRun", "planner_config", "planner_replay_kwargs", "parse_planner_report",
+    "run_dynamo_planner", "trace_workload", "place_split", "split_rows", "format_split_table",
+    # aic_compare
+    "GRIDS", "REFERENCE_POINTS", "aic_available", "aic_estimate", "pdlab_estimate", "aic_comparison",
+    "add_aiconfigurator",
+]

@@ -8,12 +8,36 @@
   so that a drifting machine biases no rate against another.
 - :mod:`pdlab.workloads.agentic` — multi-turn agent sessions with shared prefixes, and their text.
 
-The names of ``traces``, ``synthetic`` and ``blocks`` are re-exported here; import ``agentic`` as a submodule.
+The names of ``traces``, ``synthetic`` and ``blocks`` other packages use are listed here; import
+``agentic`` as a submodule.
 """
 
-from pdlab.workloads import blocks, synthetic, traces
-from pdlab.workloads.blocks import *  # noqa: F403 - the names listed in blocks.__all__
-from pdlab.workloads.synthetic import *  # noqa: F403 - the names listed in synthetic.__all__
-from pdlab.workloads.traces import *  # noqa: F403 - the names listed in traces.__all__
+from pdlab.workloads.blocks import mirrored_order, split_blocks
+from pdlab.workloads.synthetic import (
+    WORKLOADS,
+    gamma_arrivals,
+    make_requests,
+    named_workload,
+    poisson_arrivals,
+    scale_rate,
+    stratified_rows,
+    synthetic_requests,
+    with_rate,
+)
+from pdlab.workloads.traces import (
+    Request,
+    TraceFormatError,
+    mooncake_trace_path,
+    read_mooncake_jsonl,
+    read_sharegpt_lengths,
+)
 
-__all__ = [*traces.__all__, *synthetic.__all__, *blocks.__all__]
+__all__ = [
+    # traces
+    "Request", "TraceFormatError", "read_mooncake_jsonl", "read_sharegpt_lengths", "mooncake_trace_path",
+    # synthetic
+    "poisson_arrivals", "gamma_arrivals", "make_requests", "synthetic_requests", "stratified_rows",
+    "scale_rate", "with_rate", "named_workload", "WORKLOADS",
+    # blocks
+    "mirrored_order", "split_blocks",
+]

@@ -8,19 +8,62 @@
   :mod:`~pdlab.serve.engines.vllm_router` — vLLM's Rust router;
 - :mod:`~pdlab.serve.engines.modelbuild` — the tiny Llama-shaped model the CPU servers load.
 
-Their names are re-exported here. Two modules are loaded by path, never through this file:
+The names other packages use are listed here by module. Two modules are loaded by path, never through this file:
 ``nixl_connector`` (the CPU NIXL connector vLLM imports by module path; it imports vLLM) and
 ``dynamo_forward`` (the namespace forwarder, run as a process). Nothing starts at import time.
 """
 
-from pdlab.serve.engines import deploy, dynamo, modelbuild, sglang, standin, vllm, vllm_router
-from pdlab.serve.engines.deploy import *  # noqa: F403 - the names listed in deploy.__all__
-from pdlab.serve.engines.dynamo import *  # noqa: F403 - the names listed in dynamo.__all__
-from pdlab.serve.engines.modelbuild import *  # noqa: F403 - the names listed in modelbuild.__all__
-from pdlab.serve.engines.sglang import *  # noqa: F403 - the names listed in sglang.__all__
-from pdlab.serve.engines.standin import *  # noqa: F403 - the names listed in standin.__all__
-from pdlab.serve.engines.vllm import *  # noqa: F403 - the names listed in vllm.__all__
-from pdlab.serve.engines.vllm_router import *  # noqa: F403 - the names listed in vllm_router.__all__
+from pdlab.serve.engines.deploy import (
+    Deployment,
+    DeployPorts,
+    RolePlacement,
+    colocated,
+    colocated_replicas,
+    disaggregated,
+    start_proxy,
+)
+from pdlab.serve.engines.dynamo import (
+    DynamoMissingError,
+    MockerSpec,
+    dynamo_status,
+    find_dynamo_python,
+    frontend_prefix_hits,
+    mocker_profile_npz,
+    start_dynamo,
+)
+from pdlab.serve.engines.modelbuild import ModelBuild, build_model, needs_dummy_weights, tiny_model_dir
+from pdlab.serve.engines.sglang import SGLangPD, gpu_commands, sglang_server_argv, sglang_status
+from pdlab.serve.engines.standin import make_standin_app, read_wire_log
+from pdlab.serve.engines.vllm import (
+    CPU_NIXL_PROGRESS_DELAY_US,
+    ROLES,
+    VLLMServer,
+    VLLMServerSpec,
+    detect_serve_device,
+    kv_transfer_config,
+)
+from pdlab.serve.engines.vllm_router import (
+    RouterMissingError,
+    find_vllm_router,
+    start_vllm_router,
+    start_vllm_router_workers,
+)
 
-__all__ = [*vllm.__all__, *deploy.__all__, *sglang.__all__, *standin.__all__, *dynamo.__all__,
-           *vllm_router.__all__, *modelbuild.__all__]
+__all__ = [
+    # vllm
+    "ROLES", "VLLMServerSpec", "VLLMServer", "kv_transfer_config", "detect_serve_device",
+    "CPU_NIXL_PROGRESS_DELAY_US",
+    # deploy
+    "Deployment", "DeployPorts", "RolePlacement", "colocated", "colocated_replicas", "disaggregated", "start_proxy",
+    # sglang
+    "sglang_status", "sglang_server_argv", "SGLangPD", "gpu_commands",
+    # standin
+    "make_standin_app", "read_wire_log",
+    # dynamo
+    "DynamoMissingError", "MockerSpec", "find_dynamo_python", "dynamo_status", "start_dynamo",
+    "mocker_profile_npz", "frontend_prefix_hits",
+    # vllm_router
+    "RouterMissingError", "find_vllm_router", "start_vllm_router", "start_vllm_router_workers",
+    # modelbuild
+    "ModelBuild", "build_model", "tiny_model_dir", "needs_dummy_weights",
+]

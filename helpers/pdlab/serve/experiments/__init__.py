@@ -3,11 +3,35 @@
 - :mod:`~pdlab.serve.experiments.faults` — a fault injected into one role, and what the client sees;
 - :mod:`~pdlab.serve.experiments.overload` — overload with and without early rejection at the proxy.
 
-Their names are re-exported here; nothing starts at import time.
+The names other packages use are listed here by module; nothing starts at import time.
 """
 
-from pdlab.serve.experiments import faults, overload
-from pdlab.serve.experiments.faults import *  # noqa: F403 - the names listed in faults.__all__
-from pdlab.serve.experiments.overload import *  # noqa: F403 - the names listed in overload.__all__
+from pdlab.serve.experiments.faults import (
+    FAULTS,
+    FaultOutcome,
+    engine_state,
+    reference_text,
+    run_fault,
+    stream,
+    wait_idle,
+)
+from pdlab.serve.experiments.overload import (
+    DESIGNS,
+    AdmissionSettings,
+    fit_prefill_model,
+    is_rejected,
+    measure_handoff,
+    overload_matrix,
+    saturation_capacity,
+    save_prefill_profile,
+    slo_capacity,
+)
 
-__all__ = [*faults.__all__, *overload.__all__]
+__all__ = [
+    # faults
+    "FAULTS", "FaultOutcome", "stream", "engine_state", "wait_idle", "reference_text",
+    "run_fault",
+    # overload
+    "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff", "saturation_capacity",
+    "slo_capacity", "AdmissionSettings", "DESIGNS", "overload_matrix",
+]

@@ -190,7 +190,7 @@ def mean_breakdown(deployment, before: dict[str, MetricsSnapshot], after: dict[s
                    tolerance: float = 0.10) -> TTFTBreakdown:
     """Mean TTFT parts over a run, from snapshots (by server URL) taken before and after it.
 
-    ``deployment``: a :class:`pdlab.serve.Deployment`. ``proxy_rows``: the proxy's timings of
+    ``deployment``: a :class:`pdlab.serve.engines.Deployment`. ``proxy_rows``: the proxy's timings of
     this run's requests (disaggregated only). Means of parts add up to the mean TTFT.
     """
     client = sum(client_ttfts_s) / len(client_ttfts_s) if client_ttfts_s else 0.0

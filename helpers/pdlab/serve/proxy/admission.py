@@ -1,7 +1,7 @@
 """The proxy's early rejection, live: :class:`pdlab.sched.admission.TTFTAdmission` fed by the engines' ``/metrics``.
 
 The policy itself (the predicted TTFT, the learned slowdown, the decode KV check) is the pure class
-in :mod:`pdlab.sched.admission`, the one the simulator runs too; it is re-exported here. This module
+in :mod:`pdlab.sched.admission`, the one the simulator runs too; import it from there. This module
 adds what only a live proxy has: :class:`MetricsPoller`, a thread that reads vLLM's ``/metrics``
 on the prefill and decode engines every ``interval_s`` and keeps the last good
 :class:`~pdlab.sched.admission.EngineState`. The policy calls it on every arrival and gets that
@@ -21,17 +21,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from pdlab.sched.admission import (
-    AdmissionDecision,
-    EngineState,
-    PrefillModel,
-    TTFTAdmission,
-    replay_admission,
-)
+from pdlab.sched.admission import EngineState
 from pdlab.serve.measure.evidence import MetricsSnapshot, scrape_metrics
 
-__all__ = ["PrefillModel", "EngineState", "AdmissionDecision", "TTFTAdmission", "replay_admission",
-           "engine_state_from_metrics", "MetricsPoller"]
+__all__ = ["engine_state_from_metrics", "MetricsPoller"]
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,8 @@ from typing import Any
 
 from aiohttp import ClientError, ClientTimeout, web
 
-from pdlab.serve.proxy.admission import MetricsPoller, PrefillModel, TTFTAdmission
+from pdlab.sched.admission import PrefillModel, TTFTAdmission
+from pdlab.serve.proxy.admission import MetricsPoller
 from pdlab.serve.proxy.plumbing import (
     backend_error_response,
     client_session,
