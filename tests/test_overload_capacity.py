@@ -110,3 +110,19 @@ def test_bad_capacity_settings_and_designs_are_named():
         overload_matrix(None, _evenly, SLO(ttft_s=1.0), None, capacity_rps=1.0, loads=[1.0], duration_s=1.0,
                         designs=["no admission", "magic"])
     assert DESIGNS == ("no admission", "bookkeeping", "engine state")
+
+
+def test_loaded_slowdown_is_the_bursts_first_token_span_over_the_fitted_prefills():
+    from pdlab.metrics import RequestRecord
+    from pdlab.sched.admission import PrefillModel
+    from pdlab.serve.experiments.overload import loaded_slowdown
+
+    model = PrefillModel(0.0, 0.001)  # 0.1 s per 100 tokens
+    # four prompts sent at once; first tokens 0.2 s apart where the fit says 0.1 s: twice as slow
+    recs = [RequestRecord(i, 0.0, 100, 4, first_token_s=0.1 + 0.2 * i, finish_s=1.0 + i) for i in range(4)]
+    recs.append(RequestRecord(9, 0.0, 100, 4, ok=False, error="HTTP 500"))  # failures are left out
+    assert loaded_slowdown(recs, model) == pytest.approx(2.0)
+    fast = [RequestRecord(i, 0.0, 100, 4, first_token_s=0.05 * i, finish_s=1.0) for i in range(4)]
+    assert loaded_slowdown(fast, model) == 1.0  # never below the idle fit
+    with pytest.raises(ValueError, match="≥ 2 answered"):
+        loaded_slowdown(recs[:1], model)

@@ -44,7 +44,7 @@ from pdlab.serve.measure.evidence import largest_hit_share, scrape_metrics
 from pdlab.workloads import Request
 
 __all__ = ["REJECTED", "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff",
-           "saturation_capacity", "run_requests", "slo_capacity", "ResourceSampler", "OverloadRow", "overload_run",
+           "saturation_capacity", "loaded_slowdown", "run_requests", "slo_capacity", "ResourceSampler", "OverloadRow", "overload_run",
            "AdmissionSettings", "DESIGNS", "overload_matrix"]
 
 #: How the client's error text starts for a request the proxy refused on arrival.
@@ -118,6 +118,20 @@ def saturation_capacity(url: str, requests: Sequence[Request], *, seed: int = 0,
     finishes = np.sort([r.finish_s for r in res.records])
     lo, hi = int(round(len(finishes) * (1 - middle) / 2)), int(round(len(finishes) * (1 + middle) / 2)) - 1
     return (hi - lo) / (finishes[hi] - finishes[lo]), res.records
+
+
+def loaded_slowdown(records: Sequence[RequestRecord], model: PrefillModel) -> float:
+    """How much slower the prefill ran under load than ``model`` (the idle fit) predicts, from the
+    records of :func:`saturation_capacity`'s burst (every request sent at once): the span from the
+    first to the last first token ÷ the fitted prefill time of the prompts served after the first.
+    The queue is full for that whole span, so this is the loaded engine's speed, measured once as
+    part of the calibration (not learned while the policy runs). At least 1."""
+    firsts = sorted((r.first_token_s, r.prompt_tokens) for r in records if r.ok and r.first_token_s is not None)
+    if len(firsts) < 2:
+        raise ValueError(f"need ≥ 2 answered requests to measure the loaded prefill, got {len(firsts)}")
+    predicted = sum(model.time_s(tokens) for _, tokens in firsts[1:])
+    span = firsts[-1][0] - firsts[0][0]
+    return max(1.0, span / predicted) if predicted > 0 else 1.0
 
 
 def run_requests(workload: Callable[[float, int], list[Request]], rate_rps: float, duration_s: float) -> list[Request]:
@@ -350,8 +364,8 @@ class AdmissionSettings:
     """The proxy's early rejection in :func:`overload_matrix`: the fitted prefill ``model`` (saved at
     ``profile_path``), the measured ``handoff_s``, the ``tokenizer`` the proxy counts prompts with,
     and ``headroom`` (admit when the predicted TTFT ≤ headroom × the SLO). ``engine_slowdown``: how
-    much slower the loaded prefill engine runs than the idle fit (from the calibration, e.g. the
-    prefill-only bound ÷ the saturated throughput), the simulated engine of the offline replay."""
+    much slower the loaded prefill engine runs than the idle fit (from the calibration:
+    :func:`loaded_slowdown` of the saturation burst), the simulated engine of the offline replay."""
 
     model: PrefillModel
     handoff_s: float
