@@ -46,22 +46,27 @@ def check_colocated_break_even_output(value, latency: Any, load: TargetLoad, pro
 class _Validated(RoutingPolicy):
     """A student's policy, with every decision checked to be one of the two targets."""
 
-    def __init__(self, inner: RoutingPolicy):
+    def __init__(self, inner: RoutingPolicy, decisions: list[str] | None = None):
         self.inner, self.name, self.needs_estimates = inner, getattr(inner, "name", "yours"), inner.needs_estimates
+        self.decisions = decisions
 
     def decide(self, req: RouteRequest, estimates: Mapping[str, Estimate] | None = None) -> str:
         target = self.inner.decide(req, estimates)
         if target not in TARGETS:
             raise ValueError(f"a routing policy must return one of {TARGETS}, got {target!r}")
+        if self.decisions is not None:
+            self.decisions.append(target)
         return target
 
 
 def routing_goodput(policy: RoutingPolicy, requests: Sequence[Any], rates_rps: Sequence[float], slo: SLO,
-                    cluster: Mapping[str, Any], *, attainment: float = 0.9, seed: int = 0) -> float:
+                    cluster: Mapping[str, Any], *, attainment: float = 0.9, seed: int = 0,
+                    decisions: list[tuple[str, ...]] | None = None) -> float:
     """The lab's harness: goodput (req/s) of ``policy`` on the routed simulator, DistServe's way: the highest
     rate of ``rates_rps`` (ascending, tried in order) up to which every tried rate has ≥ ``attainment`` of the
     requests meeting ``slo``; 0 when the lowest rate already misses. ``cluster``: keywords of
-    :func:`pdlab.router.sim.simulate_routed` (``gpu``, ``model``, pool sizes, ``tp``, ``link`` …)."""
+    :func:`pdlab.router.sim.simulate_routed` (``gpu``, ``model``, pool sizes, ``tp``, ``link`` …); ``seed``
+    draws the arrival times. ``decisions``, when given, receives the policy's targets, one tuple per tried rate."""
     from pdlab.router.sim import simulate_routed
     from pdlab.workloads import with_rate
 
@@ -74,7 +79,11 @@ def routing_goodput(policy: RoutingPolicy, requests: Sequence[Any], rates_rps: S
     gpu, model = kwargs.pop("gpu"), kwargs.pop("model")
     best = 0.0
     for rate in rates:
-        res = simulate_routed(with_rate(requests, rate, seed=seed), gpu, model, policy=_Validated(policy), **kwargs)
+        made: list[str] = []
+        res = simulate_routed(with_rate(requests, rate, seed=seed), gpu, model, policy=_Validated(policy, made),
+                              **kwargs)
+        if decisions is not None:
+            decisions.append(tuple(made))
         if slo_attainment(res.records, slo) < attainment:
             break
         best = rate
@@ -83,19 +92,47 @@ def routing_goodput(policy: RoutingPolicy, requests: Sequence[Any], rates_rps: S
 
 def check_routing_policy(value, requests: Sequence[Any], rates_rps: Sequence[float], slo: SLO,
                          cluster: Mapping[str, Any], shipped: Mapping[str, RoutingPolicy], *,
-                         attainment: float = 0.9, seed: int = 0) -> CheckResult:
+                         attainment: float = 0.9, seed: int = 0, second_seed: int | None = None) -> CheckResult:
     """Exercise 2: a routing policy of your own passes when its goodput (:func:`routing_goodput`) on
-    ``requests`` is at least the best of the ``shipped`` policies' on the same harness."""
-    scores = {name: routing_goodput(p, requests, rates_rps, slo, cluster, attainment=attainment, seed=seed)
-              for name, p in shipped.items()}
+    ``requests`` is **strictly more** than the best of the ``shipped`` policies' with arrivals drawn from
+    ``seed``, and at least the best shipped policy's with arrivals drawn from ``second_seed`` (default
+    ``seed + 1``), so that a policy tuned to one draw of arrivals does not pass by luck. A policy that
+    makes the same decisions as a shipped one at every rate tried (a copy, under any name) fails."""
+    second = seed + 1 if second_seed is None else int(second_seed)
+    if second == seed:
+        raise ValueError(f"second_seed must differ from seed ({seed}): it checks the policy on other arrivals")
+    runs = {}
+    for name, p in shipped.items():
+        made: list[tuple[str, ...]] = []
+        runs[name] = (routing_goodput(p, requests, rates_rps, slo, cluster, attainment=attainment, seed=seed,
+                                      decisions=made), made)
+    scores = {name: g for name, (g, _) in runs.items()}
     best_name = max(scores, key=scores.get)
+    best = scores[best_name]
     if value is None:
-        return check_true("Exercise 2", None, False, good="", bad="", expected=scores[best_name], choice=True)
-    mine = routing_goodput(value, requests, rates_rps, slo, cluster, attainment=attainment, seed=seed)
+        return check_true("Exercise 2", None, False, good="", bad="", expected=best, choice=True)
+    made = []
+    mine = routing_goodput(value, requests, rates_rps, slo, cluster, attainment=attainment, seed=seed, decisions=made)
     table = ", ".join(f"{n} {g:g}" for n, g in scores.items())
-    return check_true("Exercise 2", value, mine >= scores[best_name], expected=scores[best_name], choice=True,
-                      good=f"your policy's goodput {mine:g} req/s ≥ the best shipped policy's ({best_name}, "
-                           f"{scores[best_name]:g} req/s); shipped: {table}",
-                      bad=f"your policy's goodput is {mine:g} req/s, below {best_name}'s {scores[best_name]:g} "
-                          f"(shipped: {table}). Which requests' prefill stalls the colocated decodes, and which "
-                          "pool is past its knee at the rate where you miss?")
+    copies = [name for name, (_, theirs) in runs.items() if theirs[:len(made)] == made[:len(theirs)]]
+    if copies:
+        return check_true("Exercise 2", value, False, expected=best, choice=True, good="",
+                          bad=f"your policy makes the same decisions as the shipped {copies[0]} at every rate tried: "
+                              "a copy of a shipped policy is not a policy of your own. Which requests' prefill "
+                              "stalls the colocated decodes, and which pool is past its knee where it misses?")
+    if mine <= best:
+        return check_true("Exercise 2", value, False, expected=best, choice=True, good="",
+                          bad=f"your policy's goodput is {mine:g} req/s; it must be more than the best shipped "
+                              f"policy's, {best_name}'s {best:g} req/s (shipped: {table}). Which pool is past its "
+                              "knee at the rate where the best shipped policy misses, and which one has room?")
+    second_scores = {name: routing_goodput(p, requests, rates_rps, slo, cluster, attainment=attainment, seed=second)
+                     for name, p in shipped.items()}
+    second_best = max(second_scores, key=second_scores.get)
+    mine_second = routing_goodput(value, requests, rates_rps, slo, cluster, attainment=attainment, seed=second)
+    return check_true("Exercise 2", value, mine_second >= second_scores[second_best], expected=best, choice=True,
+                      good=f"your policy's goodput {mine:g} req/s > the best shipped policy's ({best_name}, {best:g} "
+                           f"req/s; shipped: {table}), and on other arrivals (seed {second}) {mine_second:g} ≥ "
+                           f"{second_best}'s {second_scores[second_best]:g} req/s",
+                      bad=f"your policy beats the shipped ones on seed {seed} ({mine:g} > {best:g} req/s) but not on "
+                          f"other arrivals: seed {second} gives it {mine_second:g} req/s, below {second_best}'s "
+                          f"{second_scores[second_best]:g}. A rule tuned to one draw of arrivals does not hold.")
