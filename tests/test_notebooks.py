@@ -1,6 +1,7 @@
 """Execute every solution notebook and every student copy with papermill.
 
-Solutions run in profile ``ci`` with strict checks (a failing exercise check fails the run).
+Solutions run in profile ``ci`` with strict checks (a failing exercise check fails the run); an optional
+appendix (``pdlab.course.generate.APPENDICES``) runs at the profile given there.
 Student copies run in profile ``smoke`` (the same code paths on the smallest sizes): only their
 ``raises-exception`` exercise cells may fail, each with NotImplementedError, and every check
 after them must report "not attempted".
@@ -13,6 +14,7 @@ import json
 import nbformat
 import pytest
 from pdlab.course import run_notebook, solution_notebooks, student_notebooks
+from pdlab.course.generate import APPENDICES
 from pdlab.paths import build_dir, repo_root
 
 ROOT = repo_root()
@@ -55,7 +57,7 @@ def _exercise_cells(nb) -> int:
 @pytest.mark.parametrize("path", SOLUTIONS, ids=_ids(SOLUTIONS))
 def test_solution_notebook_runs(path):
     out = build_dir() / "test-executed" / "solutions" / path.parent.name / path.name
-    res = run_notebook(path, out, profile="ci")
+    res = run_notebook(path, out, profile=APPENDICES.get(path.stem, "ci"))
     assert res.status == "ok", f"{path.name} failed: {res.error} (see {out})"
     executed = nbformat.read(out, as_version=4)
     text = _outputs_text(executed)

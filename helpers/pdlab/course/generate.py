@@ -37,10 +37,15 @@ __all__ = [
     "COURSE_MAP",
     "course_map",
     "cell_tags",
+    "APPENDICES",
 ]
 
 KERNEL_NAME = "pdlab"
 SECTIONS = ("notebooks", "labs")
+#: Optional appendices, by stem → the profile ``make test`` runs their solution at. No core unit needs
+#: them: they are not in :data:`COURSE_MAP`, and ``make run`` (``pdlab course run`` without ``--only``)
+#: leaves them out; ``--only`` that names one runs it.
+APPENDICES: dict[str, str] = {"lab01_appendix_front_doors": "smoke"}
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _EXERCISE_RE = re.compile(r"#\s*Exercise\s+([\w.]+)\s*[:.-]?\s*(.*)")
 _HEADER = ("> **Generated file — do not edit.** This student copy is generated from "
@@ -237,7 +242,7 @@ COURSE_MAP: list[tuple[str, str, str]] = [
     ("lab03", "lab03_router", "A router choosing colocated or disaggregated serving per request, live and simulated"),
     ("lab04", "lab04_agentic_benchmark", "Agentic multi-turn tool-calling benchmark, colocated vs disaggregated"),
     ("lab05", "lab05_sim_to_real", "Calibrate the simulator on the live engine and measure its error"),
-    ("lab06", "lab06_faults", "Faults on a live 1P1D deployment under both KV-load policies"),
+    ("lab06", "lab06_faults", "Faults on a live 1P1D deployment under both KV-load policies; the silent fallback to decode-only"),
     ("lab07", "lab07_overload_and_admission", "Overload of a live 1P1D deployment with and without early rejection at the front door"),
     ("lab08", "lab08_dynamo", "NVIDIA Dynamo on this machine: frontend, KV router and mocker workers; agg vs 1P1D, KV vs round-robin routing"),
 ]

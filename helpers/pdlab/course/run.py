@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 
 from pdlab.course.export import export
-from pdlab.course.generate import KERNEL_NAME, cell_tags, solution_notebooks, student_notebooks
+from pdlab.course.generate import APPENDICES, KERNEL_NAME, cell_tags, solution_notebooks, student_notebooks
 from pdlab.paths import build_dir, repo_root
 
 __all__ = ["INDEX_RESULTS", "KERNEL_ENCRYPTION", "RunResult", "ensure_kernel", "kernel_config", "run_notebook",
@@ -146,6 +146,8 @@ def run_course(*, profile: str = "ci", only: str | None = None, student: bool = 
     paths = student_notebooks(root) if student else solution_notebooks(root)
     if only:
         paths = [p for p in paths if fnmatch.fnmatch(p.name, only) or fnmatch.fnmatch(p.stem, only)]
+    else:   # the optional appendices run only when asked for by name
+        paths = [p for p in paths if p.stem not in APPENDICES]
     results = []
     kind = "student" if student else "executed"
     bar = tqdm(paths, desc="course", unit="nb")
