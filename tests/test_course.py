@@ -147,13 +147,63 @@ def test_readme_course_map_gives_each_units_measured_ci_minutes():
     ``data/course/ci_times.csv`` gives (notebook 00 prints the same column from ``course_map``)."""
     minutes = {row["id"]: row["ci minutes"] for row in course.course_map()}
     assert "not measured" not in minutes.values(), f"units without a ci time: {minutes}"
+    table = {unit: row["ci min"] for unit, row in _readme_map().items()}
+    assert table == minutes, f"README's ci min column differs from ci_times.csv: {table} vs {minutes}"
+
+
+def _readme_map() -> dict[str, dict[str, str]]:
+    """unit → {track, learner min, ci min} from the README's course map."""
     readme = (repo_root() / "README.md").read_text(encoding="utf-8")
-    table = {}
+    rows = {}
     for line in readme.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and cells[2] in ("core", "optional"):
-            table[cells[0]] = cells[3]
-    assert table == minutes, f"README's ci min column differs from ci_times.csv: {table} vs {minutes}"
+        if len(cells) == 6 and cells[2] in ("core", "optional"):
+            rows[cells[0]] = {"track": cells[2], "learner min": cells[3], "ci min": cells[4]}
+    return rows
+
+
+def test_readme_gives_each_units_learner_time_and_the_core_paths():
+    """The README's *learner min* column is :func:`pdlab.course.learner_minutes` of each unit (the rule:
+    prose at 130 words/min, code at 10 lines/min, the slowest ci run, 8 min per exercise), and its
+    core-path sentence gives the sum over the core rows with their ci run time beside it."""
+    import re
+
+    learner = course.learner_times()
+    rows = _readme_map()
+    assert set(rows) == {row["id"] for row in course.course_map()}
+    expected = {u: course.learner_label(learner[u].total_min) if u in learner else "not measured" for u in rows}
+    assert {u: r["learner min"] for u, r in rows.items()} == expected, "README's learner min column is stale"
+    core = [u for u, r in rows.items() if r["track"] == "core"]
+    assert core and all(u in learner for u in core), f"core units without a learner time: {core}"
+    total = course.learner_label(sum(learner[u].total_min for u in core))
+    run_min = f"{sum(course.ci_seconds()[u][1] for u in core) / 60:.0f}"
+    readme = " ".join((repo_root() / "README.md").read_text(encoding="utf-8").split())
+    found = re.search(r"core path takes about \*\*(\d+) min\*\* of learner time, of which at most \*\*(\d+) min\*\*",
+                      readme)
+    assert found, "README gives no core-path learner time"
+    assert found.groups() == (total, run_min), f"README's core path: {found.groups()}, computed: {(total, run_min)}"
+
+
+def test_learner_minutes_follow_the_stated_rule(tmp_path):
+    """130 words a minute, 10 code lines a minute, the run, 8 minutes an exercise; bad input is named."""
+    from pdlab.course import effort
+
+    prose = nbformat.v4.new_markdown_cell(" ".join(["word"] * 260))
+    exercise = nbformat.v4.new_code_cell("# Exercise 1: x\nx = None\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n"
+                                         "print(x)")
+    path = tmp_path / "unit.ipynb"
+    nbformat.write(_nb(prose, exercise), path)
+    t = course.learner_minutes(path, run_seconds=90)
+    header_words = len(course.student_copy(nbformat.read(path, as_version=4), str(path)).cells[0].source.split())
+    assert t.reading_min == (260 + header_words) / effort.READING_WORDS_PER_MIN
+    assert t.code_min == 4 / effort.CODE_LINES_PER_MIN   # comment, stub, raise, print: the student copy's lines
+    assert (t.run_min, t.exercises_min) == (1.5, effort.MINUTES_PER_EXERCISE)
+    assert t.total_min == t.reading_min + t.code_min + t.run_min + t.exercises_min
+    assert (course.learner_label(62.4), course.learner_label(63.0), course.learner_label(0.0)) == ("60", "65", "0")
+    with pytest.raises(ValueError, match="not a unit of the course map"):
+        course.learner_minutes(path)
+    with pytest.raises(FileNotFoundError, match="no notebook"):
+        course.learner_minutes(tmp_path / "missing.ipynb", run_seconds=1)
 
 
 def test_ci_minutes_formats_one_run_and_a_range(tmp_path):

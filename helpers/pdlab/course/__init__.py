@@ -4,10 +4,19 @@
   stripping, the course map.
 - :mod:`pdlab.course.run` — papermill runs of one notebook or the whole course.
 - :mod:`pdlab.course.export` — executed notebooks to HTML/Markdown; a lab's write-up notebook.
+- :mod:`pdlab.course.effort` — a unit's size and its learner time, by one stated rule.
 
-The names of the three other packages use are listed here.
+The names of the four other packages use are listed here.
 """
 
+from pdlab.course.effort import (
+    LearnerTime,
+    UnitSize,
+    learner_label,
+    learner_minutes,
+    learner_times,
+    unit_size,
+)
 from pdlab.course.export import (
     ChromiumNotFoundError,
     export,
@@ -47,6 +56,8 @@ __all__ = [
     # run
     "INDEX_RESULTS", "KERNEL_ENCRYPTION", "RunResult", "ensure_kernel", "run_notebook", "run_course",
     "write_index",
+    # effort
+    "LearnerTime", "UnitSize", "learner_label", "learner_minutes", "learner_times", "unit_size",
     # export
     "export", "writeup_notebook", "export_writeup", "writeup_cells", "table_html", "find_chromium",
     "ChromiumNotFoundError",

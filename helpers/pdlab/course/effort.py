@@ -15,7 +15,8 @@ reads and runs; the answers are not in it):
   the solution).
 
 Prose that a run computes (markdown printed by code) is not counted: the rule reads the notebook
-files, not their outputs.
+files, not their outputs. Notebook 00 and the README print the total rounded to
+``LEARNER_ROUND_MIN`` (5) minutes (:func:`learner_label`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import nbformat
 
 from pdlab.paths import repo_root
 
-__all__ = ["CODE_LINES_PER_MIN", "MAX_CELLS", "MAX_CELL_WORDS", "MAX_MARKDOWN_WORDS", "MINUTES_PER_EXERCISE",
-           "READING_WORDS_PER_MIN", "LearnerTime", "UnitSize", "learner_minutes", "learner_times", "unit_size"]
+__all__ = ["CODE_LINES_PER_MIN", "LEARNER_ROUND_MIN", "MAX_CELLS", "MAX_CELL_WORDS", "MAX_MARKDOWN_WORDS",
+           "MINUTES_PER_EXERCISE", "READING_WORDS_PER_MIN", "LearnerTime", "UnitSize", "learner_label",
+           "learner_minutes", "learner_times", "unit_size"]
 
 MAX_CELLS = 45
 MAX_MARKDOWN_WORDS = 2200
@@ -36,6 +38,7 @@ MAX_CELL_WORDS = 300
 READING_WORDS_PER_MIN = 130
 CODE_LINES_PER_MIN = 10
 MINUTES_PER_EXERCISE = 8
+LEARNER_ROUND_MIN = 5
 
 _BEGIN = "### BEGIN SOLUTION"
 
@@ -127,6 +130,14 @@ def learner_minutes(solution: str | Path, *, run_seconds: float | None = None, r
     return LearnerTime(reading_min=size.markdown_words / READING_WORDS_PER_MIN,
                        code_min=size.code_lines / CODE_LINES_PER_MIN, run_min=run_seconds / 60,
                        exercises_min=exercises * MINUTES_PER_EXERCISE)
+
+
+def learner_label(minutes: float) -> str:
+    """Minutes as notebook 00 and the README print a learner time: rounded to ``LEARNER_ROUND_MIN``
+    minutes ("65")."""
+    if not minutes >= 0:
+        raise ValueError(f"a learner time must be a number of minutes ≥ 0, got {minutes}")
+    return f"{LEARNER_ROUND_MIN * round(minutes / LEARNER_ROUND_MIN):.0f}"
 
 
 def learner_times(root: Path | None = None) -> dict[str, LearnerTime]:
