@@ -172,7 +172,9 @@ def test_readme_gives_each_units_learner_time_and_the_core_paths():
     rows = _readme_map()
     assert set(rows) == {row["id"] for row in course.course_map()}
     expected = {u: course.learner_label(learner[u].total_min) if u in learner else "not measured" for u in rows}
-    assert {u: r["learner min"] for u, r in rows.items()} == expected, "README's learner min column is stale"
+    stale = {u: (r["learner min"], expected[u]) for u, r in rows.items() if r["learner min"] != expected[u]}
+    assert not stale, ("README's learner min column is stale (unit: README, computed); a unit's prose, code, "
+                       f"exercises or ci time changed: {stale}")
     core = [u for u, r in rows.items() if r["track"] == "core"]
     assert core and all(u in learner for u in core), f"core units without a learner time: {core}"
     total = course.learner_label(sum(learner[u].total_min for u in core))
