@@ -7,9 +7,12 @@ medians with bootstrap intervals and the paired per-request error; :func:`host_f
 the host itself allows, from the run's repeated blocks of each rate (how far one block's medians are
 from the other's) and a perfect model's chance of meeting a ±``bar`` verdict under that scatter.
 
+For a prediction made before the run (:mod:`pdlab.simreal.predict`), :func:`prediction_floor` is
+the same floor for a model that predicts each rate exactly: its error is the live run's own scatter.
+
 Targets from the literature: Vidur (MLSys'24, arXiv 2405.05465v2) reports < 9 % error on request
-latencies; BLIS (the inference-sim of llm-d) a median of 7–9 % on GPUs; DistServe (OSDI'24,
-arXiv 2401.09670v3 §6.5) < 2 % on SLO attainment.
+latencies; BLIS (``inference-sim/inference-sim``) a median of 7–9 % on GPUs, as the llm-d blog
+reports it; DistServe (OSDI'24, arXiv 2401.09670v3 §6.5) < 2 % on SLO attainment.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from pdlab.simreal.replay import replay, replay_pairs, requests_from_records
 from pdlab.workloads import Request
 
 __all__ = ["ERROR_COLUMNS", "compare_runs", "paired_error", "error_table", "rate_for_load",
-           "median_error", "HeldOut", "heldout_validation", "HostFloor", "host_floor", "block_log_ratios", "perfect_model_chance"]
+           "median_error", "HeldOut", "heldout_validation", "HostFloor", "host_floor", "block_log_ratios", "perfect_model_chance",
+           "perfect_prediction_chance", "prediction_floor"]
 
 
 #: Columns of :func:`error_table` (relative errors are (sim − live) / live; attainment in points).
@@ -270,7 +274,8 @@ def host_floor(blocks: Mapping[float, Sequence[Sequence[RequestRecord]]], *, bar
                draws: int = 20000, seed: int = 0) -> HostFloor:
     """The host's floor from a run's repeated blocks: ``blocks`` maps each rate (req/s) to its
     blocks' records in the order they ran (each block the same mix of requests). Consecutive
-    blocks of one rate differ only by the host's drift and the sampling of requests: the rms of
+    blocks of one rate differ by the host's drift, their own Poisson arrivals and their own prompt
+    text (the sampling of requests): the rms of
     the log ratio of their median TTFT and TPOT gives each block's scatter (÷ √2), and
     :func:`perfect_model_chance` what that leaves a perfect model over these rates. Raises
     ValueError without two rates or without a rate of two blocks."""
@@ -281,5 +286,46 @@ def host_floor(blocks: Mapping[float, Sequence[Sequence[RequestRecord]]], *, bar
     rms = {m: float(np.sqrt(np.mean(np.square(v)))) for m, v in logs.items()}
     chance, m_ttft, m_tpot = perfect_model_chance(rms["ttft"] / math.sqrt(2), rms["tpot"] / math.sqrt(2),
                                                   rates=len(blocks), blocks=n_blocks, bar=bar, draws=draws, seed=seed)
+    return HostFloor(len(logs["ttft"]), rms["ttft"], rms["tpot"], float(m_ttft.mean()), float(m_tpot.mean()),
+                     float(np.quantile(m_ttft, 0.95)), float(np.quantile(m_tpot, 0.95)), chance, bar)
+
+
+def perfect_prediction_chance(sigma_ttft: float, sigma_tpot: float, *, rates: int, blocks: int, bar: float = 0.10,
+                              draws: int = 20000, seed: int = 0) -> tuple[float, np.ndarray, np.ndarray]:
+    """What a model that predicts every rate exactly scores against a live run (no fit on the run).
+
+    Each block's log level of the median TTFT / TPOT scatters independently by ``sigma_ttft`` /
+    ``sigma_tpot`` (log units) around the truth; a rate's live level is the mean of its ``blocks``
+    blocks, so the exact prediction is off by exp(−level) − 1. Returns the chance (Monte Carlo,
+    ``draws``, ``seed``) that both mean absolute errors over the ``rates`` rates are <= ``bar``,
+    and each draw's TTFT and TPOT mean absolute errors."""
+    if rates < 1 or blocks < 1:
+        raise ValueError(f"need >= 1 rate and >= 1 block, got {rates} and {blocks}")
+    rng = np.random.default_rng(seed)
+
+    def mae(sigma: float) -> np.ndarray:
+        level = rng.normal(0.0, sigma, (draws, rates, blocks)).mean(axis=2)
+        return np.abs(np.exp(-level) - 1).mean(axis=1)
+
+    m_ttft, m_tpot = mae(sigma_ttft), mae(sigma_tpot)
+    return float(np.mean((m_ttft <= bar) & (m_tpot <= bar))), m_ttft, m_tpot
+
+
+def prediction_floor(blocks: Mapping[float, Sequence[Sequence[RequestRecord]]], *, bar: float = 0.10,
+                     draws: int = 20000, seed: int = 0) -> HostFloor:
+    """The floor of a prediction made before the run, from the run's repeated blocks: ``blocks``
+    maps each rate (req/s) to its blocks' records in the order they ran. As :func:`host_floor`,
+    but the perfect model predicts each rate exactly (:func:`perfect_prediction_chance`) instead
+    of fitting one rate and predicting the others. Two blocks of one rate differ by the host's
+    drift, their own Poisson arrivals and their own prompt text, so the floor holds all three.
+    Raises ValueError without a rate of two blocks."""
+    logs = {metric: block_log_ratios(blocks, metric) for metric in ("ttft", "tpot")}
+    n_blocks = min(len(parts) for parts in blocks.values()) if blocks else 0
+    if not logs["ttft"] or n_blocks < 2:
+        raise ValueError("the prediction floor needs >= 1 rate run in >= 2 blocks")
+    rms = {m: float(np.sqrt(np.mean(np.square(v)))) for m, v in logs.items()}
+    chance, m_ttft, m_tpot = perfect_prediction_chance(rms["ttft"] / math.sqrt(2), rms["tpot"] / math.sqrt(2),
+                                                       rates=len(blocks), blocks=n_blocks, bar=bar, draws=draws,
+                                                       seed=seed)
     return HostFloor(len(logs["ttft"]), rms["ttft"], rms["tpot"], float(m_ttft.mean()), float(m_tpot.mean()),
                      float(np.quantile(m_ttft, 0.95)), float(np.quantile(m_tpot, 0.95)), chance, bar)
