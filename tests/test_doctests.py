@@ -14,6 +14,7 @@ MODULES = [
     "pdlab.sched.queueing",
     "pdlab.sched.placement",
     "pdlab.simreal.fit",   # contention_factor, admission_overhead_s (the probes' arithmetic)
+    "pdlab.simreal.probes.run",   # step_points: the probes' points as the fit reads them
     "pdlab.serve.proxy.plumbing",
     "pdlab.serve.proxy.server",
 ]

@@ -32,14 +32,18 @@ LAYERS: dict[str, int] = {
     # router's simulation and policies, calibration fits, sim-vs-real statistics
     "pdlab.sched": 4,  # also deploy_export: placements written as Dynamo / llm-d deployments
     "pdlab.router": 4, "pdlab.router.sim": 4, "pdlab.router.policies": 4,
-    # sim-to-real: typed calibration records, pure fits and replays (the live probes are pdlab.serve.probes),
-    # sim-vs-real statistics, AIConfigurator comparison, the GPU profile (measure and fit sim latency)
+    # sim-to-real's records, fits and replays: typed calibration records, pure fits, replays, sim-vs-real
+    # statistics, the GPU profile (measure and fit sim latency); the schedulers and the peers use them
     "pdlab.simreal": 4,
-    # 5 — live serving (serve/: engines, client, measure, experiments), router server and client; the
-    # course beside peer tools (peers/: Dynamo's replay and planner, AIConfigurator), built on sched and simreal
+    # 5 — live serving (serve/: engines, client, measure, experiments, and the live probes, which
+    # measure and fit nothing), router server and client; the course beside peer tools (peers/:
+    # Dynamo's replay and planner, AIConfigurator), built on sched and simreal
     "pdlab.serve": 5, "pdlab.router.server": 5, "pdlab.router.client": 5, "pdlab.peers": 5,
-    # 6 — course, widgets, exercises, cli
-    "pdlab.course": 6, "pdlab.widgets": 6, "pdlab.exercises": 6, "pdlab.cli": 6,
+    # 6 — sim-to-real's first stage, above the serving it measures through: run the live probes, fit
+    # their points (calibrate)
+    "pdlab.simreal.probes": 6,
+    # 7 — course, widgets, exercises, cli
+    "pdlab.course": 7, "pdlab.widgets": 7, "pdlab.exercises": 7, "pdlab.cli": 7,
 }
 
 
@@ -172,6 +176,8 @@ def test_circle_finder_finds_a_circle():
     assert "pdlab.serve.proxy" in graph["pdlab.router"]   # the router uses the proxy's public face
     assert _subpackage("pdlab.serve.engines.vllm") == "pdlab.serve.engines"
     assert _subpackage("pdlab.serve.probes") == _subpackage("pdlab.serve") == "pdlab.serve"
+    assert _subpackage("pdlab.simreal.probes.run") == "pdlab.simreal.probes"
+    assert "pdlab.serve" in graph["pdlab.simreal.probes"] and "pdlab.serve" not in graph["pdlab.simreal"]
 
 
 #: Packages whose ``__init__`` is a module in its own right, not a front file: the check helpers every
@@ -305,6 +311,15 @@ def test_transfer_imports_nothing_from_serve():
                  for path in sorted((PKG / "transfer").rglob("*.py"))
                  for dep in sorted(pdlab_imports(path)) if dep == "pdlab.serve" or dep.startswith("pdlab.serve.")]
     assert not offenders, "transfer/ imports the serving layer:\n" + "\n".join(offenders)
+
+
+def test_serve_imports_nothing_from_simreal():
+    """The live probes measure, sim-to-real fits: no module under serve/ imports pdlab.simreal, lazily either
+    (pdlab.simreal.probes runs the probes and fits their points)."""
+    offenders = [f"{_module_name(path)} imports {dep}"
+                 for path in sorted((PKG / "serve").rglob("*.py"))
+                 for dep in sorted(pdlab_imports(path)) if dep == "pdlab.simreal" or dep.startswith("pdlab.simreal.")]
+    assert not offenders, "serve/ imports sim-to-real:\n" + "\n".join(offenders)
 
 
 def test_the_rule_catches_an_upward_import(tmp_path):

@@ -1,6 +1,7 @@
-"""Unit tests of pdlab.serve.probes without a server: the probes' arithmetic on scripted records
-(token times as a client would have seen them), the decode window, the burst retry, and merging
-prefill passes. The live probes run in lab 05 and tests/test_live.py."""
+"""Unit tests of the live probes (pdlab.serve.probes, pdlab.serve.pair_probes) and of the stage that
+runs and fits them (pdlab.simreal.probes) without a server: the probes' arithmetic on scripted records
+(token times as a client would have seen them), the decode window, the burst retry, merging
+prefill passes, and a calibration end to end. The live probes run in lab 05 and tests/test_live.py."""
 
 from __future__ import annotations
 
@@ -8,9 +9,19 @@ import math
 
 import pytest
 from pdlab.metrics import RequestRecord
-from pdlab.serve import probes
+from pdlab.serve import pair_probes, probes
+from pdlab.serve.pair_probes import ContentionTimes, HandoffPoint
+from pdlab.serve.probes import DecodePoint, PrefillPoint
 from pdlab.simreal.calibration import Calibration, Contention, StepPoint
 from pdlab.simreal.fit import admission_overhead_s, contention_factor, merge_prefill_points
+from pdlab.simreal.probes import (
+    ProbePlan,
+    admission_from,
+    calibrate,
+    contention_from,
+    handoff_rows,
+    step_points,
+)
 
 
 def _stream(rid: int, prompt: int, first_s: float, step_s: float, tokens: int) -> RequestRecord:
@@ -49,10 +60,12 @@ def test_probe_decode_reads_the_step_and_context_inside_the_window(monkeypatch):
     monkeypatch.setattr(probes, "bench_records", bench)
     (pt,) = probes.probe_decode("http://x", [(2, 32)], output_tokens=12, repeats=1)
     assert pt.time_s == pytest.approx(0.005)
-    assert pt.decode_batch == 2 and pt.kind == "decode" and pt.prompt_tokens == 32
+    assert isinstance(pt, DecodePoint) and pt.batch == 2 and pt.prompt_tokens == 32
     # window [0.110, 0.155]: stream 0 gaps k = 2..10, stream 1 gaps k = 0..8 (9 each); context = 33 + k
     assert pt.samples == 18
-    assert pt.decode_ctx_tokens == pytest.approx(2 * (33 + (sum(range(2, 11)) + sum(range(0, 9))) / 18))
+    assert pt.ctx_tokens == pytest.approx(2 * (33 + (sum(range(2, 11)) + sum(range(0, 9))) / 18))
+    (row,) = step_points([pt])     # what the fit reads
+    assert (row.kind, row.decode_batch, row.decode_ctx_tokens, row.prompt_tokens) == ("decode", 2, pt.ctx_tokens, 32)
     assert bench.calls[0][1] == [(32, 12), (32, 12)]
 
 
@@ -87,8 +100,9 @@ def test_probe_prefill_takes_the_median_ttft_per_server_length(monkeypatch):
 
     monkeypatch.setattr(probes, "bench_records", bench)
     pts = probes.probe_prefill("http://x", [100, 1000], repeats=3)
-    assert [p.prefill_tokens for p in pts] == [101, 1001]
-    assert all(p.samples == 3 and p.prefill_sq_tokens == p.prefill_tokens ** 2 for p in pts)
+    assert all(isinstance(p, PrefillPoint) for p in pts) and [p.tokens for p in pts] == [101, 1001]
+    assert all(p.samples == 3 and r.prefill_sq_tokens == p.tokens ** 2 and r.times_s == p.times_s
+               for p, r in zip(pts, step_points(pts), strict=True))
     for p, n in zip(pts, (100, 1000), strict=True):
         assert min(p.times_s) <= p.time_s <= max(p.times_s)
         assert p.time_s >= n * 1e-4
@@ -193,7 +207,7 @@ def test_calibrate_recovers_the_scripted_engine(monkeypatch):
     engine = _ScriptedEngine()
     monkeypatch.setattr(probes, "bench_records", engine)
     monkeypatch.setattr(probes, "server_context_tokens", lambda url: 2048)
-    res = probes.calibrate("http://p", plan="smoke", meta={"note": "scripted"})
+    res = calibrate("http://p", plan="smoke", meta={"note": "scripted"})
     assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
     assert list(res.latency.decode) == pytest.approx(DEC, rel=1e-6)
     # smoke: one prefill pass over 3 lengths; decode pairs (1, 32), (1, 256), (16, 32), (16, 256), once each
@@ -219,12 +233,15 @@ def test_calibrate_recovers_the_scripted_engine(monkeypatch):
 def test_calibrate_two_servers_probes_decode_there_and_records_contention(monkeypatch):
     engine = _ScriptedEngine()
     monkeypatch.setattr(probes, "bench_records", engine)
-    measured = Contention(prompt_tokens=1024, decode_streams=16, prefill_alone_s=0.2, prefill_busy_s=0.22,
-                          decode_alone_s=0.01, decode_busy_s=0.012, prefill=0.1, decode=0.2)
-    monkeypatch.setattr(probes, "probe_contention", lambda url, decode_url, **kw: measured)
-    plan = probes.ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 8), decode_prompts=(32, 128),
-                            decode_tokens=16, repeats=1, decode_repeats=1, max_probe_tokens=2048, prefill_passes=2)
-    res = probes.calibrate("http://p", plan=plan, decode_url="http://d")
+    times = ContentionTimes(prompt_tokens=1024, decode_streams=16, prefill_alone_s=0.2, prefill_busy_s=0.22,
+                            decode_alone_s=0.01, decode_busy_s=0.012, prefill_background="16 streams decoding")
+    monkeypatch.setattr(pair_probes, "probe_contention", lambda url, decode_url, **kw: times)
+    plan = ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 8), decode_prompts=(32, 128),
+                     decode_tokens=16, repeats=1, decode_repeats=1, max_probe_tokens=2048, prefill_passes=2)
+    res = calibrate("http://p", plan=plan, decode_url="http://d")
+    measured = contention_from(times)
+    assert (measured.prefill, measured.decode) == pytest.approx((0.1, 0.2))
+    assert measured.prefill_alone_s == 0.2 and measured.prefill_background == "16 streams decoding"
     assert [c[0] for c in engine.calls] == ["http://p"] + ["http://d"] * 4 + ["http://p"]   # second prefill pass last
     assert all(p.passes == 2 and p.samples == 2 for p in res.prefill_points)
     assert isinstance(res, Calibration) and res.contention == measured
@@ -232,7 +249,7 @@ def test_calibrate_two_servers_probes_decode_there_and_records_contention(monkey
     assert Calibration.from_latency(res.latency).contention == measured
     assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
     with pytest.raises(ValueError, match="unknown probe plan"):
-        probes.calibrate("http://p", plan="nope")
+        calibrate("http://p", plan="nope")
 
 
 def _admission_engine(monkeypatch, *, cold_step_s: float, step_s: float, context: int | None):
@@ -260,14 +277,15 @@ def test_admission_probe_streams_outlast_the_side_traffic_when_the_first_run_ove
     before the side traffic" in a fresh clone's lab 05 on a fast machine. The first full run is timed
     and the streams lengthened; the context caps them, and then fewer side requests are sent."""
     calls = _admission_engine(monkeypatch, cold_step_s=0.010, step_s=0.004, context=2128)
-    adm = probes.probe_admission("proxy", "decode")
+    adm = pair_probes.probe_admission("proxy", "decode")
     streams = [c for c in calls if c[0] == "decode"]
     assert streams[0][2] == 48 and streams[-1][2] == 2128 - 256 - 8, "lengthened to what the context holds"
-    assert adm.side_requests == 12 and adm.itl_busy_s == pytest.approx(0.004) and adm.raw_overhead_s == pytest.approx(0.0)
+    assert adm.side_requests == 12 and adm.itl_busy_s == pytest.approx(0.004)
+    assert admission_from(adm).raw_overhead_s == pytest.approx(0.0) and admission_from(adm).overhead_s == 0.0
     assert all(t <= 2128 - 256 for _, _, t in streams), "no stream asks for more than the context holds"
 
     calls = _admission_engine(monkeypatch, cold_step_s=0.004, step_s=0.004, context=1024)
-    adm = probes.probe_admission("proxy", "decode")
+    adm = pair_probes.probe_admission("proxy", "decode")
     assert max(t for u, _, t in calls if u == "decode") == 1024 - 256 - 8
     assert adm.side_requests == 3, "a short context: fewer side requests, inside the streams' span"
     assert [n for u, n, _ in calls if u == "proxy"] == [3]
@@ -314,18 +332,19 @@ class _PairWithProxy:
 def test_contention_through_the_proxy_times_legs_while_streams_start_and_end(monkeypatch):
     pair = _PairWithProxy()
     monkeypatch.setattr(probes, "bench_records", pair)
-    c = probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", repeats=3)
+    c = pair_probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", repeats=3)
     assert c.prefill_alone_s == pytest.approx(0.1) and c.prefill_busy_s == pytest.approx(0.13)
-    assert c.prefill == pytest.approx(0.3) and c.prefill_background == "1 renewed stream through the proxy"
+    assert contention_from(c).prefill == pytest.approx(0.3) and c.prefill_background == "1 renewed stream through the proxy"
     renewed = [call for call in pair.calls if call[0] == "http://proxy" and call[1][0][1] > 1]
     assert renewed and all(call[1] == [(16, 64)] * 8 and call[2] == 1 for call in renewed)
     assert c.decode_streams == 16 and c.decode_alone_s == pytest.approx(0.010)
     # without the proxy: TTFT at the prefill server while 16 streams decode, as before
     pair.calls.clear()
-    plain = probes.probe_contention("http://p", "http://d", repeats=3)
-    assert plain.prefill_background == "16 streams decoding" and plain.prefill == 0.0
+    plain = pair_probes.probe_contention("http://p", "http://d", repeats=3)
+    assert plain.prefill_background == "16 streams decoding" and contention_from(plain).prefill == 0.0
     assert not any(call[0] == "http://proxy" for call in pair.calls)
-    assert Contention.from_dict(c.to_dict()) == c and Contention.from_dict({"prefill": 0.2}).prefill_background == ""
+    term = contention_from(c)
+    assert Contention.from_dict(term.to_dict()) == term and Contention.from_dict({"prefill": 0.2}).prefill_background == ""
 
 
 def test_contention_through_a_proxy_without_the_leg_header_is_a_clear_error(monkeypatch):
@@ -339,9 +358,9 @@ def test_contention_through_a_proxy_without_the_leg_header_is_a_clear_error(monk
 
     monkeypatch.setattr(probes, "bench_records", no_header)
     with pytest.raises(RuntimeError, match="X-Prefill-Seconds"):
-        probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", repeats=1)
+        pair_probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", repeats=1)
     with pytest.raises(ValueError, match="renewed_streams"):
-        probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", renewed_streams=0)
+        pair_probes.probe_contention("http://p", "http://d", proxy_url="http://proxy", renewed_streams=0)
 
 
 def test_while_running_measures_during_the_background_and_names_its_failure():
@@ -353,7 +372,7 @@ def test_while_running_measures_during_the_background_and_names_its_failure():
         seen.append(tag)
         running.set()
 
-    assert probes.while_running(background, lambda: running.is_set(), settle_s=0.05, first_tag=7) is True
+    assert pair_probes.while_running(background, lambda: running.is_set(), settle_s=0.05, first_tag=7) is True
     count = len(seen)
     assert seen[:2] == [7, 8]
     import time
@@ -365,7 +384,7 @@ def test_while_running_measures_during_the_background_and_names_its_failure():
         raise OSError("connection refused")
 
     with pytest.raises(RuntimeError, match="contention probe: background load failed: connection refused"):
-        probes.while_running(broken, lambda: 1.0, settle_s=0.01, label="contention probe")
+        pair_probes.while_running(broken, lambda: 1.0, settle_s=0.01, label="contention probe")
 
 
 def test_prefill_stalls_subtract_the_local_step_and_count_merged_chunks():
@@ -384,8 +403,8 @@ def test_prefill_stalls_subtract_the_local_step_and_count_merged_chunks():
     inj = RequestRecord(9, 0.1025, 100, 1, 0.125, 0.125, token_times_s=[0.125], server_prompt_tokens=101)
     late = RequestRecord(10, 5.0, 100, 1, 5.01, 5.01, token_times_s=[5.01], server_prompt_tokens=101)
     (row,) = probes.prefill_stalls([a, b, short, inj, late], [9, 10])
-    assert row["stall_s"] == pytest.approx(0.010) and row["prompt_tokens"] == 101
-    assert row["ttft_s"] == pytest.approx(0.0225)
+    assert row.stall_s == pytest.approx(0.010) and row.prompt_tokens == 101
+    assert row.ttft_s == pytest.approx(0.0225)
 
 
 def test_prefill_stall_probe_needs_streams_that_outlast_the_prompts(monkeypatch):
@@ -400,5 +419,13 @@ def test_prefill_stall_probe_needs_streams_that_outlast_the_prompts(monkeypatch)
     with pytest.raises(ValueError, match="streams >= 1"):
         probes.probe_prefill_stall("http://x", [16], streams=0)
     with pytest.raises(ValueError, match="prefill stall probe"):
-        probes.ProbePlan(stall_streams=0).check()
-    probes.ProbePlan(stall_rounds=0, stall_streams=0).check()    # no stall probe: nothing to check
+        ProbePlan(stall_streams=0).check()
+    ProbePlan(stall_rounds=0, stall_streams=0).check()    # no stall probe: nothing to check
+
+
+def test_handoff_points_become_the_fit_rows_with_the_leg_only_where_the_proxy_timed_it():
+    rows = handoff_rows([HandoffPoint(33, 0.05, 3, 0.03), HandoffPoint(513, 0.2, 3)])
+    assert rows == [{"tokens": 33, "ttft_s": 0.05, "samples": 3, "prefill_leg_s": 0.03},
+                    {"tokens": 513, "ttft_s": 0.2, "samples": 3}]
+    with pytest.raises(TypeError, match="probe_prefill or probe_decode"):
+        step_points([HandoffPoint(33, 0.05, 3)])

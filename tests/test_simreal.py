@@ -11,7 +11,6 @@ import math
 import numpy as np
 import pytest
 from pdlab.metrics import SLO, RequestRecord
-from pdlab.serve.probes import PROBE_PLANS, ProbePlan
 from pdlab.sim.latency import FittedLatency, load_profile, sample_points
 from pdlab.simreal.calibration import (
     Admission,
@@ -26,6 +25,7 @@ from pdlab.simreal.calibration import (
 )
 from pdlab.simreal.compare import ERROR_COLUMNS, compare_runs, error_table
 from pdlab.simreal.fit import fit_handoff, fit_profile, fit_row
+from pdlab.simreal.probes import PROBE_PLANS, ProbePlan
 from pdlab.simreal.replay import build_sim, replay, requests_from_records
 from pdlab.simreal.runfit import step_gaps
 from pdlab.workloads import make_requests

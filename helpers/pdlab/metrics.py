@@ -113,6 +113,12 @@ class RequestRecord:
             return None
         return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
 
+    @property
+    def counted_prompt_tokens(self) -> int:
+        """The prompt's length as the server counted it (``server_prompt_tokens``), else as the client
+        asked (``prompt_tokens``), in tokens."""
+        return int(self.server_prompt_tokens if self.server_prompt_tokens is not None else self.prompt_tokens)
+
     def as_dict(self, with_token_times: bool = False) -> dict[str, Any]:
         """JSON-ready dict, with derived ``ttft_s``, ``tpot_s``, ``e2e_s`` (token times and chunk
         token counts only ``with_token_times``)."""

@@ -58,8 +58,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from pdlab.serve.client.bench import ClientOptions
-    from pdlab.serve.probes import PROBE_PLANS, calibrate
     from pdlab.simreal.calibration import save_calibration
+    from pdlab.simreal.probes import PROBE_PLANS, calibrate
 
     overrides = {k: v for k, v in (("prefill_lengths", args.prefill_lengths), ("decode_batches", args.decode_batches),
                                    ("decode_prompts", args.decode_prompts), ("decode_tokens", args.decode_tokens),

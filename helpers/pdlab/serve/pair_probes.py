@@ -1,41 +1,84 @@
 """Live probes of a prefill/decode pair (lab 05, ``pdlab sim calibrate``): the KV hand-off through a
 disaggregation proxy (:func:`probe_handoff`), each role's slowdown while the other works
 (:func:`probe_contention`, measured with :func:`while_running`) and what each handed-off request
-costs the streams already decoding (:func:`probe_admission`). The one-server probes and
-:func:`pdlab.serve.probes.calibrate`, which runs these too, are in :mod:`pdlab.serve.probes`; every
-request goes through its :func:`~pdlab.serve.probes.bench_records`.
+costs the streams already decoding (:func:`probe_admission`). They return what they timed
+(:class:`HandoffPoint`, :class:`ContentionTimes`, :class:`AdmissionTimes`) and fit nothing:
+:mod:`pdlab.simreal.probes` turns the times into the simulator's terms. The one-server probes are
+:mod:`pdlab.serve.probes`; every request goes through its :func:`~pdlab.serve.probes.bench_records`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from pdlab.metrics import RequestRecord
 from pdlab.serve import probes as one
-from pdlab.simreal.calibration import Admission, Contention
-from pdlab.simreal.fit import admission_overhead_s, contention_factor
-from pdlab.simreal.replay import server_prompt_tokens
 from pdlab.workloads import Request
 
 T = TypeVar("T")
 
-__all__ = ["probe_handoff", "while_running", "probe_contention", "probe_admission"]
+__all__ = ["HandoffPoint", "ContentionTimes", "AdmissionTimes", "probe_handoff", "while_running", "probe_contention",
+           "probe_admission"]
+
+
+@dataclass(frozen=True)
+class HandoffPoint:
+    """One prompt length through the proxy: ``tokens`` (the server's count), ``ttft_s`` the median TTFT
+    of ``samples`` single prompts (s), ``prefill_leg_s`` the median of the proxy's ``X-Prefill-Seconds``
+    (s; None where a request came back without one)."""
+
+    tokens: int
+    ttft_s: float
+    samples: int
+    prefill_leg_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ContentionTimes:
+    """What :func:`probe_contention` timed (s): a ``prompt_tokens``-token prefill alone and while the decode
+    side works (``prefill_background`` says how), and the decode step of ``decode_streams`` streams alone
+    and while prompts are prefilled."""
+
+    prompt_tokens: int
+    decode_streams: int
+    prefill_alone_s: float
+    prefill_busy_s: float
+    decode_alone_s: float
+    decode_busy_s: float
+    prefill_background: str
+
+
+@dataclass(frozen=True)
+class AdmissionTimes:
+    """What :func:`probe_admission` timed: the mean token gap (s) of ``streams`` streams of
+    ``stream_prompt``-token prompts alone (``itl_alone_s``) and while ``side_requests`` prompts of
+    ``side_prompt`` tokens arrived through the proxy one every ``period_s`` (``itl_busy_s``, over
+    ``gaps_busy`` gaps)."""
+
+    streams: int
+    stream_prompt: int
+    side_prompt: int
+    side_requests: int
+    period_s: float
+    itl_alone_s: float
+    itl_busy_s: float
+    gaps_busy: int
 
 
 def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, seed: int = 0,
-                  **bench_kwargs: Any) -> list[dict[str, float]]:
-    """TTFT through a disaggregation proxy of single prompts, ``max_tokens=1``: ``{"tokens", "ttft_s",
-    "samples"}`` per length (medians), with ``"prefill_leg_s"`` (the median of the proxy's
-    ``X-Prefill-Seconds``, s) where every request of the length carried one.
+                  **bench_kwargs: Any) -> list[HandoffPoint]:
+    """TTFT through a disaggregation proxy of single prompts, ``max_tokens=1``: one :class:`HandoffPoint`
+    per length (medians), with the proxy's prefill leg where every request of the length carried one.
 
     Through the proxy a request is prefilled (one token, discarded), its KV is handed to the
     decode server, which generates the first token the client sees. Subtracting the prefill leg
-    (or, without one, the fitted prefill) and one decode step (:func:`fit_handoff`) leaves the
-    hand-off: proxy, KV transfer, decode-side work.
+    (or, without one, the fitted prefill) and one decode step
+    (:func:`pdlab.simreal.fit.fit_handoff`) leaves the hand-off: proxy, KV transfer, decode-side work.
     """
     order = [int(x) for x in lengths for _ in range(repeats)]
     np.random.default_rng(seed).shuffle(order)
@@ -46,11 +89,10 @@ def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, s
         by_len.setdefault(rec.prompt_tokens, []).append(rec)
     rows = []
     for _, g in sorted(by_len.items()):
-        row = {"tokens": int(np.median([server_prompt_tokens(r) for r in g])),
-               "ttft_s": float(np.median([r.ttft_s for r in g])), "samples": len(g)}
-        if all("prefill_leg_s" in r.extra for r in g):
-            row["prefill_leg_s"] = float(np.median([r.extra["prefill_leg_s"] for r in g]))
-        rows.append(row)
+        leg = float(np.median([r.extra["prefill_leg_s"] for r in g])) if all("prefill_leg_s" in r.extra for r in g) \
+            else None
+        rows.append(HandoffPoint(int(np.median([r.counted_prompt_tokens for r in g])),
+                                 float(np.median([r.ttft_s for r in g])), len(g), leg))
     return rows
 
 
@@ -88,16 +130,15 @@ def while_running(background: Callable[[int], Any], measure: Callable[[], T], *,
 
 def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 1024, repeats: int = 3,
                      decode_streams: int = 16, decode_prompt: int = 256, decode_tokens: int = 48, seed: int = 0,
-                     proxy_url: str | None = None, renewed_streams: int = 1, **bench_kwargs: Any) -> Contention:
+                     proxy_url: str | None = None, renewed_streams: int = 1, **bench_kwargs: Any) -> ContentionTimes:
     """How much each role slows down while the other one works (two servers on one host).
 
     Prefill: the median TTFT of ``repeats`` single ``prompt_tokens``-token prompts, alone and
     while ``decode_streams`` streams decode on ``decode_url``. Decode: the decode step of
     ``decode_streams`` streams (their mean token gap while all decode, as :func:`probe_decode`),
-    alone and while prompts are prefilled back to back on ``prefill_url``. Returns a
-    :class:`~pdlab.simreal.calibration.Contention`: the times (s) and ``prefill``/``decode`` = max(0, busy/alone − 1):
-    the simulator's ``InstanceSpec.cpu_contention`` of each role (an iteration takes
-    ``1 + cpu_contention`` times as long while the other instance is busy). Measured, not fitted:
+    alone and while prompts are prefilled back to back on ``prefill_url``. Returns the times
+    (:class:`ContentionTimes`); :mod:`pdlab.simreal.probes` turns them into each role's
+    ``cpu_contention`` of the simulator (max(0, busy/alone − 1)). Measured, not fitted:
     on the course's 2-core CPU the roles are pinned to a core each but share the last-level
     cache, memory bandwidth and the cores' other processes (API servers, proxy, client).
 
@@ -144,11 +185,9 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
                                 label="contention probe")
     background = (f"{renewed_streams} renewed stream{'s' if renewed_streams > 1 else ''} through the proxy"
                   if proxy_url else f"{decode_streams} streams decoding")
-    return Contention(prompt_tokens=int(prompt_tokens), decode_streams=int(decode_streams),
-                      prefill_alone_s=prefill_alone, prefill_busy_s=prefill_busy,
-                      decode_alone_s=decode_alone, decode_busy_s=decode_busy,
-                      prefill=contention_factor(prefill_alone, prefill_busy),
-                      decode=contention_factor(decode_alone, decode_busy), prefill_background=background)
+    return ContentionTimes(prompt_tokens=int(prompt_tokens), decode_streams=int(decode_streams),
+                           prefill_alone_s=prefill_alone, prefill_busy_s=prefill_busy, decode_alone_s=decode_alone,
+                           decode_busy_s=decode_busy, prefill_background=background)
 
 
 def _stream_tokens(need_s: float, step_s: float, most: int | None) -> int:
@@ -164,7 +203,7 @@ def _span_s(records: Sequence[RequestRecord]) -> float:
 
 def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream_prompt: int = 256,
                     side_prompt: int = 16, side_requests: int = 12, period_s: float = 0.4, seed: int = 0,
-                    **bench_kwargs: Any) -> Admission:
+                    **bench_kwargs: Any) -> AdmissionTimes:
     """Seconds each request handed off through the proxy takes from the streams already decoding.
 
     ``streams`` streams of ``stream_prompt``-token prompts decode on ``decode_url``: alone, then
@@ -175,9 +214,9 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
     prompts keep the prefill role's own contention out (a 16-token prefill is a few ms), so F is
     the per-request work on the decode role's cores that a step-time model does not see: the
     decode API server's HTTP and tokenisation of the prompt, the connector's bookkeeping, and on
-    a shared CPU the proxy's and the client's work. Returns an :class:`~pdlab.simreal.calibration.Admission`:
-    the times (s), F (``raw_overhead_s``) and ``overhead_s`` = max(0, F): the simulator's
-    ``InstanceSpec.admit_overhead_s``.
+    a shared CPU the proxy's and the client's work. Returns the times (:class:`AdmissionTimes`);
+    :func:`pdlab.simreal.fit.admission_overhead_s` solves them for F, the simulator's
+    ``InstanceSpec.admit_overhead_s`` (floored at 0).
     """
     import threading
 
@@ -234,7 +273,6 @@ def probe_admission(proxy_url: str, decode_url: str, *, streams: int = 8, stream
                            "or lower period_s")
     m_busy, n_busy = one.mean_itl(busy, first_side, window_end)
     m_alone = float(np.nanmean([one.mean_itl(run, *one.decode_window(run))[0] for run in (before, after)]))
-    overhead = admission_overhead_s(period_s, m_alone, m_busy)
-    return Admission(streams=int(streams), stream_prompt=int(stream_prompt), side_prompt=int(side_prompt),
-                     side_requests=int(side_requests), period_s=float(period_s), itl_alone_s=m_alone,
-                     itl_busy_s=m_busy, gaps_busy=n_busy, raw_overhead_s=overhead, overhead_s=max(0.0, overhead))
+    return AdmissionTimes(streams=int(streams), stream_prompt=int(stream_prompt), side_prompt=int(side_prompt),
+                          side_requests=int(side_requests), period_s=float(period_s), itl_alone_s=m_alone,
+                          itl_busy_s=m_busy, gaps_busy=n_busy)

@@ -36,7 +36,7 @@ Hand-off physics (disaggregated clusters), each off or at the old behaviour by d
   to the step that admits it: per-request work that runs on the decode role's cores between its
   steps (the API server's HTTP and tokenisation, the connector's bookkeeping, and on the course's
   CPU the proxy and client sharing those cores), measured live by
-  :func:`pdlab.serve.probes.probe_admission`. Default 0.
+  :func:`pdlab.serve.pair_probes.probe_admission`. Default 0.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Sim-to-real: calibrate the simulator on a live engine, replay the live workload, measure the error.
 
-The stages, one module each, in the order a reader follows them:
+The stages, in the order a reader follows them:
 
-1. probe — the live probes are :mod:`pdlab.serve.probes` (they need a server); they hand their
-   timing points to
+1. :mod:`~pdlab.simreal.probes` — runs the live probes (:mod:`pdlab.serve.probes` and
+   :mod:`pdlab.serve.pair_probes`, which need a server and fit nothing) and hands their typed points to
 2. :mod:`~pdlab.simreal.fit` (the probe's step-time, hand-off and stall fits) and
    :mod:`~pdlab.simreal.runfit` (the same calibration refitted on one live run);
 3. :mod:`~pdlab.simreal.calibration` — the typed :class:`Calibration` and its profile file;

@@ -180,7 +180,7 @@ class LinkFit(_ProfileEntry):
 @dataclass(frozen=True)
 class Contention(_ProfileEntry):
     """Each role's slowdown while the other works, two servers on one host
-    (:func:`pdlab.serve.probes.probe_contention`).
+    (:func:`pdlab.serve.pair_probes.probe_contention`).
 
     ``prompt_tokens``: prompt length of the prefill probe (tokens).
     ``decode_streams``: concurrent streams of the decode probe (count).
@@ -213,7 +213,7 @@ class Contention(_ProfileEntry):
 @dataclass(frozen=True)
 class Admission(_ProfileEntry):
     """What each request handed off through the proxy costs the streams already decoding
-    (:func:`pdlab.serve.probes.probe_admission`).
+    (:func:`pdlab.serve.pair_probes.probe_admission`).
 
     ``streams``: concurrent decode streams (count); ``stream_prompt``: their prompt (tokens).
     ``side_prompt``: prompt of each handed-off side request (tokens); ``side_requests``: how many (count).
@@ -380,7 +380,7 @@ def _typed(meta: Mapping[str, Any], key: str, cls: type) -> Any:
 
 @dataclass(frozen=True)
 class Calibration:
-    """A calibrated latency model with what was measured to get it (:func:`pdlab.serve.probes.calibrate`,
+    """A calibrated latency model with what was measured to get it (:func:`pdlab.simreal.probes.calibrate`,
     refitted on a live run by :func:`pdlab.simreal.runfit.fit_on_run`): the one record the replay
     (:func:`pdlab.simreal.replay.replay`) applies.
 

@@ -228,7 +228,7 @@ def admission_overhead_s(period_s: float, m_alone: float, m_busy: float) -> floa
 
     With one arrival every ``period_s`` (T) seconds, each stretching one decode step by F, the
     mean token gap m1 (``m_busy``) is m0·T/(T − F) where m0 (``m_alone``) is the gap without
-    arrivals; solved for F. Not clamped (:func:`pdlab.serve.probes.probe_admission` reports max(0, F) beside it);
+    arrivals; solved for F. Not clamped (:func:`pdlab.simreal.probes.admission_from` keeps max(0, F) beside it);
     NaN when ``m_busy`` is not a positive number or an input is NaN.
 
     >>> round(admission_overhead_s(0.4, 0.010, 0.0125), 6)   # gaps 25% longer, one arrival per 0.4 s

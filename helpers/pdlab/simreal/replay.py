@@ -31,12 +31,7 @@ from pdlab.workloads import Request
 
 __all__ = ["MODES", "Deployment", "Carry", "carry", "replay", "build_sim", "check_terms", "engine_latency",
            "engine_latencies", "with_prefill_core_load", "with_front_end_core", "arrival_rate_rps",
-           "requests_from_records", "server_prompt_tokens", "replay_pairs"]
-
-
-def server_prompt_tokens(rec: RequestRecord) -> int:
-    """The prompt's length as the server counted it (``usage.prompt_tokens``), else as requested."""
-    return int(rec.server_prompt_tokens if rec.server_prompt_tokens is not None else rec.prompt_tokens)
+           "requests_from_records", "replay_pairs"]
 
 
 def requests_from_records(records: Sequence[RequestRecord], *, use_server_tokens: bool = True) -> list[Request]:
@@ -51,7 +46,7 @@ def requests_from_records(records: Sequence[RequestRecord], *, use_server_tokens
     t0 = min(r.arrival_s for r in records)
     out = []
     for i, r in enumerate(sorted(records, key=lambda r: r.arrival_s)):
-        prompt = server_prompt_tokens(r) if use_server_tokens else r.prompt_tokens
+        prompt = r.counted_prompt_tokens if use_server_tokens else r.prompt_tokens
         output = int(r.extra.get("target_output_tokens", r.output_tokens) or r.output_tokens)
         out.append(Request(i if not isinstance(r.request_id, int) else r.request_id, r.arrival_s - t0,
                            max(1, prompt), max(1, output)))

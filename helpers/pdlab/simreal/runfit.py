@@ -23,7 +23,7 @@ from pdlab.metrics import RequestRecord, tpot_s
 from pdlab.sim.latency import nnls_fit
 from pdlab.simreal.calibration import Calibration, Contention, RunFit, StepPoint
 from pdlab.simreal.fit import fit_quality
-from pdlab.simreal.replay import replay, replay_pairs, requests_from_records, server_prompt_tokens
+from pdlab.simreal.replay import replay, replay_pairs, requests_from_records
 
 __all__ = ["StepGap", "step_gaps", "run_decode_points",
            "prefill_quiet_requests", "scale_decode_on_run", "match_decode_to_tpot_on_run",
@@ -91,7 +91,7 @@ def step_gaps(records: Sequence[RequestRecord]) -> list[StepGap]:
     first = np.array([t[0] if len(t) else np.inf for t in times])
     last = np.array([t[-1] if len(t) else -np.inf for t in times])
     arrival = np.array([r.arrival_s for r in recs])
-    prompt = np.array([server_prompt_tokens(r) for r in recs])
+    prompt = np.array([r.counted_prompt_tokens for r in recs])
     rows = []
     for i, (t, running, known) in enumerate(chunks):
         for gap, mid, held in zip(np.diff(t), 0.5 * (t[1:] + t[:-1]), np.diff(running), strict=True):

@@ -18,7 +18,6 @@ from pdlab.serve.experiments.faults import (
 from pdlab.serve.experiments.overload import (
     DESIGNS,
     AdmissionSettings,
-    fit_prefill_model,
     is_rejected,
     measure_handoff,
     overload_matrix,
@@ -32,6 +31,6 @@ __all__ = [
     "FAULTS", "FaultOutcome", "stream", "engine_state", "wait_idle", "reference_text",
     "run_fault",
     # overload
-    "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff", "saturation_capacity",
+    "is_rejected", "save_prefill_profile", "measure_handoff", "saturation_capacity",
     "slo_capacity", "AdmissionSettings", "DESIGNS", "overload_matrix",
 ]

@@ -5,8 +5,8 @@ misses the SLO, instead of admitting it and missing later; notebook 07 simulates
 Here it runs live (:mod:`pdlab.serve.proxy.admission`, the proxy's ``--admission-profile``), and a run
 is measured as one row of :class:`OverloadRow`:
 
-1. :func:`fit_prefill_model` probes the prefill server one prompt at a time and fits
-   ``t_p(l) = a + b·l + c·l²`` (what the proxy predicts with); :func:`measure_handoff` takes
+1. The caller brings the prefill model ``t_p(l) = a + b·l + c·l²`` the proxy predicts with
+   (:func:`pdlab.simreal.probes.fit_prefill_model` probes and fits it); :func:`measure_handoff` takes
    the rest of a single request's TTFT through the proxy (KV hand-off and first decode step).
 2. :func:`saturation_capacity`: every request of a workload at once; completed requests over
    the makespan is the deployment's throughput when saturated (req/s) — an upper bound, not a rate
@@ -43,7 +43,7 @@ from pdlab.sched.admission import PrefillModel, TTFTAdmission, replay_admission,
 from pdlab.serve.measure.evidence import largest_hit_share, scrape_metrics
 from pdlab.workloads import Request
 
-__all__ = ["REJECTED", "is_rejected", "fit_prefill_model", "save_prefill_profile", "measure_handoff",
+__all__ = ["REJECTED", "is_rejected", "save_prefill_profile", "measure_handoff",
            "saturation_capacity", "loaded_slowdown", "run_requests", "slo_capacity", "ResourceSampler", "OverloadRow", "overload_run",
            "AdmissionSettings", "DESIGNS", "overload_matrix"]
 
@@ -54,26 +54,6 @@ REJECTED = "HTTP 503"
 def is_rejected(rec: RequestRecord) -> bool:
     """True for a request the front door refused on arrival (HTTP 503), not one that failed later."""
     return (not rec.ok) and (rec.error or "").startswith(REJECTED)
-
-
-def fit_prefill_model(prefill_url: str, lengths: Sequence[int], *, repeats: int = 3, seed: int = 0
-                      ) -> tuple[PrefillModel, list[dict[str, Any]]]:
-    """Probe ``prefill_url`` with single prompts of ``lengths`` tokens and fit ``a + b·l + c·l²`` (s).
-
-    Returns the model and the probe points as table rows: each :class:`~pdlab.simreal.calibration.StepPoint`'s
-    ``to_dict()`` (``prefill_tokens``, ``time_s`` = median TTFT, ...) with ``fit_s``, the fitted time (s),
-    and on the first row ``fit_quality``.
-    """
-    from pdlab.serve.probes import probe_prefill
-    from pdlab.simreal.fit import fit_row
-
-    if len(set(lengths)) < 3:
-        raise ValueError(f"need ≥ 3 distinct prompt lengths to fit a, b and c, got {list(lengths)}")
-    points = probe_prefill(prefill_url, lengths, repeats=repeats, seed=seed)
-    (a, b, c), quality = fit_row(points, "prefill")
-    rows = [{**p.to_dict(), "fit_s": a + b * p.prefill_tokens + c * p.prefill_tokens ** 2} for p in points]
-    rows[0]["fit_quality"] = quality
-    return PrefillModel(a, b, c), rows
 
 
 def save_prefill_profile(model: PrefillModel, path: str | Path) -> Path:
@@ -88,9 +68,9 @@ def measure_handoff(proxy_url: str, model: PrefillModel, lengths: Sequence[int],
                     seed: int = 0) -> tuple[float, list[dict[str, float]]]:
     """The part of a single request's TTFT through the proxy that is not its prefill (s, median ≥ 0):
     the KV hand-off and the decode server's first step, what the admission adds to every prediction."""
-    from pdlab.serve.probes import probe_handoff
+    from pdlab.serve.pair_probes import probe_handoff
 
-    points = probe_handoff(proxy_url, lengths, repeats=repeats, seed=seed)
+    points = [asdict(p) for p in probe_handoff(proxy_url, lengths, repeats=repeats, seed=seed)]
     rests = [p["ttft_s"] - model.time_s(int(p["tokens"])) for p in points]
     for p, rest in zip(points, rests, strict=True):
         p["handoff_s"] = rest
