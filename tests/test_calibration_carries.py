@@ -259,3 +259,59 @@ def test_front_end_core_round_trips_and_checks_its_values(tmp_path):
         cal.without("front_end")
     assert np.isfinite(summarize(replay([Request(0, 0.0, 64, 4), Request(1, 0.5, 64, 4)], "colocated", cal))[
         "ttft_p50_s"])
+
+
+def test_the_front_end_probe_splits_its_cpu_into_cores_in_flight_and_seconds_per_request(monkeypatch):
+    """The probe's wiring, without a server: the benchmark client and the CPU sampler stand in for
+    a front end that takes 0.1 of a core while requests are in flight plus 20 ms per request spread
+    over each request's life; the probe gives both back as the calibration's front_end_core."""
+    import dataclasses
+
+    import pdlab.serve.client.bench as bench
+    import pdlab.serve.measure.cpucost as cpucost
+    from pdlab.metrics import RequestRecord
+    from pdlab.simreal.probes.frontend import probe_front_end_core
+
+    sent: list[list[RequestRecord]] = []
+
+    def fake_bench(url, requests, **kwargs):
+        start = 100.0 * (len(sent) + 1)
+        life = 0.6
+        recs = [RequestRecord(request_id=r.request_id, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
+                              arrival_s=start + r.arrival_s, first_token_s=start + r.arrival_s + 0.05,
+                              finish_s=start + r.arrival_s + life) for r in requests]
+        sent.append(recs)
+        return bench.BenchResult(recs, {})
+
+    class FakeSampler:
+        def __init__(self, pids, *, period_s):
+            self.pids, self.period_s, self.samples = list(pids), period_s, []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            recs = sent[-1]
+            lo, hi = recs[0].arrival_s - 1.0, max(r.finish_s for r in recs) + 1.0
+            grid = np.linspace(lo, hi, 20_000)
+            busy, per_req = np.zeros_like(grid), np.zeros_like(grid)
+            for r in recs:
+                on = (grid >= r.arrival_s) & (grid < r.finish_s)
+                busy[on] = 1.0
+                per_req[on] += 0.020 / (r.finish_s - r.arrival_s)
+            cum = np.concatenate([[0.0], np.cumsum((0.1 * busy + per_req)[1:] * np.diff(grid))])
+            self.samples = [(float(t), float(np.interp(t, grid, cum))) for t in np.arange(lo, hi, self.period_s)]
+
+    monkeypatch.setattr(bench, "run_bench", fake_bench)
+    monkeypatch.setattr(cpucost, "CPUSampler", FakeSampler)
+    share = probe_front_end_core("http://127.0.0.1:9", [4242], rates_rps=(2.0, 6.0), requests_per_rate=60)
+    assert share.base_cores == pytest.approx(0.1, abs=0.02)
+    assert share.cpu_s_per_request == pytest.approx(0.020, abs=0.004)
+    assert share.requests == 120 and share.rate_rps == 4.0 and share.windows >= 20
+    assert _calibration(front_end_core=share).terms() == ["front_end_core"]
+    with pytest.raises(ValueError, match="front_end_pids is empty"):
+        probe_front_end_core("http://127.0.0.1:9", [])
+    failed = dataclasses.replace(sent[0][0], ok=False, error="HTTP 500")
+    monkeypatch.setattr(bench, "run_bench", lambda url, reqs, **kw: bench.BenchResult([failed], {}))
+    with pytest.raises(RuntimeError, match="1 of 1 front-end probe requests"):
+        probe_front_end_core("http://127.0.0.1:9", [4242], rates_rps=(2.0,), requests_per_rate=4)

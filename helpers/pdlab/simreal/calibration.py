@@ -318,7 +318,7 @@ class RunFit(_ProfileEntry):
 @dataclass(frozen=True)
 class CoreShare(_ProfileEntry):
     """A front end (the engine's API server: HTTP, tokenisation, streaming tokens back) measured as
-    the CPU it takes (:func:`pdlab.simreal.probe_frontend.probe_front_end_core`), for deployments
+    the CPU it takes (:func:`pdlab.simreal.probes.frontend.probe_front_end_core`), for deployments
     that run it on its engine's core, as two replicas on a two-core host do.
 
     ``base_cores``: cores it takes while requests are in flight through its engine (cores).

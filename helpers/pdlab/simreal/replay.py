@@ -254,7 +254,7 @@ def carry(calibration: Calibration, deployment: str | Deployment) -> Carry:
     if dep.front_end_shares_core and share is None:
         bad["front_end_core"] = ("missing: the deployment runs each front end on its engine's core, and the "
                                  "calibration has not measured what a front end takes "
-                                 "(pdlab.simreal.probe_frontend.probe_front_end_core)")
+                                 "(pdlab.simreal.probes.frontend.probe_front_end_core)")
     elif share is not None and dep.front_end_shares_core:
         applied["front_end_core"] = "every engine's steps, at the rate through that engine"
     elif share is not None:
