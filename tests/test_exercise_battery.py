@@ -474,40 +474,42 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
         {"unlimited cache": ratio, "GB-sized capacity typo (3000 blocks)": cache_hit_ratio(reqs, 3000).ratio})
 
     # ---- lab05
-    from pdlab.simreal import Calibration, host_floor, replay, requests_from_records
-    from pdlab.simreal.calibration import RunFit
+    from pdlab.simreal import Calibration, replay
+    from pdlab.simreal.replay import Deployment
     from pdlab.workloads import Request
 
     fl = FittedLatency(prefill=(0.01, 2e-5, 1e-9), decode=(0.008, 3e-7, 2e-4))
-    # the live engine: a decode step that grows faster with the batch than the probe's fit says, and a
-    # front end of 5 ms, so a fit on the low rate (small batches) misses the high rate's TPOT
-    truth = Calibration(fl.derive(decode=(0.008, 3e-7, 2e-3)), run_fit=RunFit(front_end_s=0.005))
+    # the live engines: prefill 30 % slower than the calibration says, so the prediction misses
+    truth = Calibration(fl.derive(prefill=(0.013, 2.6e-5, 1.3e-9)))
+    cal = Calibration(fl)
+    replicas = Deployment("colocated", instances=2, dispatch="round_robin")
     rng = np.random.default_rng(0)
 
-    def run_at(rate: float, n: int = 40):
+    def planned(first: int, n: int = 30, rate: float = 20.0):
         arrivals = np.cumsum(rng.exponential(1 / rate, n))
-        return replay([Request(i, float(t), int(rng.integers(32, 1024)), int(rng.integers(16, 64)))
-                       for i, t in enumerate(arrivals)], "colocated", truth)
+        return [Request(first + i, float(t), int(rng.integers(32, 1024)), int(rng.integers(16, 64)))
+                for i, t in enumerate(arrivals)]
 
-    low, high = run_at(2.0), run_at(12.0)
-    probe = Calibration(fl)
-    predicted = lab05.heldout_tpot_prediction(probe, low, high, "colocated")
-    live_high = float(np.median([r.tpot_s for r in high]))
-    assert abs(predicted / live_high - 1) > 0.01
-    add(lab05.check_heldout_prediction, (probe, low, high, "colocated"), predicted,
-        {"the probe alone, not refitted": float(np.median([r.tpot_s for r in replay(
-            requests_from_records(high), "colocated", probe)])),
-         "fitted on the rate it predicts": lab05.heldout_tpot_prediction(probe, high, high, "colocated"),
-         "the live median, not the prediction": live_high, "milliseconds": 1e3 * predicted})
-    blocks = {2.0: [run_at(2.0, 20), run_at(2.0, 20)], 8.0: [run_at(8.0, 20), run_at(8.0, 20)]}
-    logs = [math.log(np.median([r.tpot_s for r in b]) / np.median([r.tpot_s for r in a])) for a, b in blocks.values()]
-    rms = math.sqrt(np.mean(np.square(logs)))
-    assert rms > 0
-    add(lab05.check_block_scatter, (blocks,), rms,
-        {"mean of the log ratios (signs cancel)": float(np.mean(logs)), "not the root": float(np.mean(np.square(logs)))})
-    within = abs(predicted / live_high - 1) <= host_floor(blocks).floor_tpot_p95
-    add(lab05.check_within_floor, (probe, low, high, "colocated", blocks), within,
-        {"the opposite": not within, "a number, not a bool": 1.0})
+    block, other = planned(0), planned(30)
+    live_blocks = [replay(block, replicas, truth), replay(other, replicas, truth)]
+    predicted = lab05.block_ttft_prediction(cal, block, replicas)
+    add(lab05.check_block_prediction, (cal, block, replicas), predicted,
+        {"one engine, not two replicas": lab05.block_ttft_prediction(cal, block, Deployment("colocated")),
+         "1P1D, not two replicas": lab05.block_ttft_prediction(cal, block, Deployment("disaggregated")),
+         "the live median, not a prediction": float(np.median([r.ttft_s for r in live_blocks[0]])),
+         "milliseconds": 1e3 * predicted})
+    err, floor = lab05.one_block_judgement(cal, block, replicas, live_blocks)
+    m0, m1 = (float(np.median([r.ttft_s for r in b])) for b in live_blocks)
+    one_engine = lab05.block_ttft_prediction(cal, block, Deployment("colocated"))
+    assert abs(err) > 0.05 and floor > 0
+    add(lab05.check_one_block_judgement, (cal, block, replicas, live_blocks), (err, floor),
+        {"a wrong prediction (one engine's)": (one_engine / m0 - 1, floor),
+         "a wrong floor (the TPOT blocks')": (err, abs(float(np.median([r.tpot_s for r in live_blocks[1]]))
+                                                    / float(np.median([r.tpot_s for r in live_blocks[0]])) - 1)),
+         "a wrong floor (log ratio over √2)": (err, abs(math.log(m1 / m0)) / math.sqrt(2)),
+         "the error unsigned": (abs(err), floor) if err < 0 else (-err, floor),
+         "a guess": (0.0, 0.1),
+         "a verdict, not the numbers": True})
     return cases
 
 

@@ -164,19 +164,20 @@ def run_course(*, profile: str = "ci", only: str | None = None, student: bool = 
                 res.error = res.error or f"HTML export failed: {exc}"
         results.append(res)
     if html_export:
-        write_index(results, out_dir / "html" / "index.html")
+        write_index(results, out_dir / "html" / "index.html", fresh=only is None)
     return results
 
 
-def index_rows(results: list[RunResult], store: Path) -> list[dict]:
+def index_rows(results: list[RunResult], store: Path, *, fresh: bool = False) -> list[dict]:
     """Merge this run's ``results`` into the rows kept in ``store`` (JSON, :data:`INDEX_RESULTS`) and
-    write them back: a unit run now replaces its row, every other unit keeps its last result. Each row:
+    write them back: a unit run now replaces its row, every other unit keeps its last result (``fresh``:
+    start from no rows, as a run of the whole course does, so a renamed unit leaves no stale row). Each row:
     notebook, status, seconds, error, html (file name or ""), finished (local time of that unit's run),
     profile and kind (solution or student). Rows come in course order (:data:`COURSE_MAP`), then by name."""
     from pdlab.course.generate import COURSE_MAP
 
     rows: dict[str, dict] = {}
-    if store.exists():
+    if store.exists() and not fresh:
         try:
             kept = json.loads(store.read_text(encoding="utf-8"))
             rows = {row["notebook"]: row for row in kept["rows"]}
@@ -196,13 +197,13 @@ def index_rows(results: list[RunResult], store: Path) -> list[dict]:
     return merged
 
 
-def write_index(results: list[RunResult], path: Path) -> Path:
+def write_index(results: list[RunResult], path: Path, *, fresh: bool = False) -> Path:
     """An ``index.html`` linking every exported notebook with its status, run time and when it ran.
     The rows are this run's results merged into every earlier run's into the same folder
     (:func:`index_rows`, kept in :data:`INDEX_RESULTS` beside the index): rerunning one unit updates
-    its row and keeps the rest of the course."""
+    its row and keeps the rest of the course; ``fresh`` (a run of the whole course) starts from no rows."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    merged = index_rows(results, path.parent / INDEX_RESULTS)
+    merged = index_rows(results, path.parent / INDEX_RESULTS, fresh=fresh)
     rows = "\n".join(
         f"<tr><td><a href='{html.escape(r['html']) if r['html'] else '#'}'>{html.escape(r['notebook'])}</a></td>"
         f"<td class='{html.escape(r['status'])}'>{html.escape(r['status'])}</td><td>{r['seconds']:.1f}</td>"

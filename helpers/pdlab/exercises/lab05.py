@@ -1,64 +1,85 @@
-"""Checks for lab 05 (sim-to-real calibration). Expected values are computed from the lab's own data."""
+"""Checks for lab 05 (predict a deployment from a calibration, then run it). Expected values are
+computed from the lab's own calibration and live records."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from pdlab.exercises import CheckResult, check_close, check_true
-from pdlab.metrics import RequestRecord, tpot_s
-from pdlab.simreal import Calibration, fit_on_run, host_floor, replay, requests_from_records
-from pdlab.simreal.compare import block_log_ratios
+from pdlab.exercises import FAILED, NOT_ATTEMPTED, PASSED, CheckResult, check_close, record_expected, report
+from pdlab.metrics import RequestRecord, ttft_s
+from pdlab.simreal import Calibration, replay
+from pdlab.simreal.replay import Deployment
+from pdlab.workloads import Request
 
 #: Exercises whose reference answer ends in one call the page names, and why that is fine.
-ONE_CALL_OK = {"Exercise 1": "the last step is a median, but the answer needs the student's own fit on one rate "
-                             "(fit_on_run) and replay of another (replay of requests_from_records) first"}
+ONE_CALL_OK = {"Exercise 1": "the last step is a median, but the answer is a prediction the page has not made: "
+                             "the student picks the deployment (two replicas, round robin), the block and the "
+                             "calibration's simulator options and replays the planned requests on it first"}
 
-__all__ = ["ONE_CALL_OK", "heldout_tpot_prediction", "check_heldout_prediction", "check_block_scatter", "check_within_floor"]
-
-
-def heldout_tpot_prediction(probe: Calibration, fit_records: Sequence[RequestRecord],
-                            target_records: Sequence[RequestRecord], mode: str, **sim_options: Any) -> float:
-    """The median TPOT (s) that ``probe``, fitted on the run ``fit_records``
-    (:func:`pdlab.simreal.fit_on_run`), predicts for the requests of the run ``target_records``."""
-    fitted = fit_on_run(probe, fit_records, mode, **sim_options)
-    return float(np.median(tpot_s(replay(requests_from_records(target_records), mode, fitted, **sim_options))))
+__all__ = ["ONE_CALL_OK", "block_ttft_prediction", "check_block_prediction", "one_block_judgement",
+           "check_one_block_judgement"]
 
 
-def check_heldout_prediction(value, probe: Calibration, fit_records: Sequence[RequestRecord],
-                             target_records: Sequence[RequestRecord], mode: str, **sim_options: Any) -> CheckResult:
-    """Exercise 1: fit on one rate, predict another: the predicted median TPOT (s)."""
-    expected = heldout_tpot_prediction(probe, fit_records, target_records, mode, **sim_options)
+def block_ttft_prediction(calibration: Calibration, block: Sequence[Request], deployment: Deployment,
+                          **sim_options: Any) -> float:
+    """The median TTFT (s) that ``calibration`` predicts for the planned requests of one ``block``
+    on ``deployment`` (:func:`pdlab.simreal.replay`, ``sim_options`` its keywords)."""
+    return float(np.median(ttft_s(replay(list(block), deployment, calibration, **sim_options))))
+
+
+def check_block_prediction(value, calibration: Calibration, block: Sequence[Request], deployment: Deployment,
+                           **sim_options: Any) -> CheckResult:
+    """Exercise 1: predict the deployment before it runs: the median TTFT (s) of one planned block."""
+    expected = block_ttft_prediction(calibration, block, deployment, **sim_options)
     return check_close("Exercise 1", value, expected, rel_tol=1e-6, unit="s", measured=True,
-                       hint="fit_on_run on the *fitted* rate's records (the probe's calibration, the lab's simulator "
-                            "options), then replay the *other* rate's requests (requests_from_records) with that "
-                            "fit and take the median of the simulated TPOTs (seconds).")
+                       hint="replay the block's planned requests on Deployment('colocated', instances=2, "
+                            "dispatch='round_robin') with the engine's calibration and the lab's simulator options "
+                            "(**SIM), then take the median of the simulated TTFTs, in seconds.")
 
 
-def check_block_scatter(value, blocks: Mapping[float, Sequence[Sequence[RequestRecord]]]) -> CheckResult:
-    """Exercise 2a: the rms, over consecutive blocks of one rate, of the log ratio of their median TPOTs."""
-    expected = float(np.sqrt(np.mean(np.square(block_log_ratios(blocks, "tpot")))))
-    return check_close("Exercise 2a", value, expected, rel_tol=1e-6, unit="(log ratio, rms)", measured=True,
-                       hint="For each rate, log(median TPOT of block k+1 / median TPOT of block k); then the root of "
-                            "the mean of their squares over all rates (not the mean of the logs: a + and a − "
-                            "difference must not cancel).")
+def one_block_judgement(calibration: Calibration, block: Sequence[Request], deployment: Deployment,
+                        live_blocks: Sequence[Sequence[RequestRecord]], **sim_options: Any) -> tuple[float, float]:
+    """(the error of one block's prediction, the floor of one block): the predicted median TTFT of
+    ``block`` (:func:`block_ttft_prediction`) ÷ the live median TTFT of ``live_blocks[0]`` (that
+    block's live records) − 1; and |median TTFT of ``live_blocks[1]`` ÷ that of ``live_blocks[0]`` − 1|,
+    how far the same deployment's other block of the same rate is from it: what an exact
+    prediction of one block can miss by on this host."""
+    if len(live_blocks) < 2:
+        raise ValueError(f"the floor of one block needs the rate's two blocks, got {len(live_blocks)}")
+    first, second = (float(np.median(ttft_s(b))) for b in live_blocks[:2])
+    predicted = block_ttft_prediction(calibration, block, deployment, **sim_options)
+    return predicted / first - 1, abs(second / first - 1)
 
 
-def check_within_floor(value, probe: Calibration, fit_records: Sequence[RequestRecord],
-                       target_records: Sequence[RequestRecord], mode: str,
-                       blocks: Mapping[float, Sequence[Sequence[RequestRecord]]], **sim_options: Any) -> CheckResult:
-    """Exercise 2b: is Exercise 1's held-out TPOT error (prediction ÷ live median − 1) within the
-    host's floor, i.e. no larger in magnitude than a perfect model's 95th percentile
-    (``host_floor(blocks).floor_tpot_p95``)? ``value``: True or False."""
-    predicted = heldout_tpot_prediction(probe, fit_records, target_records, mode, **sim_options)
-    error = predicted / float(np.median(tpot_s(target_records))) - 1
-    floor = host_floor(blocks)
-    expected = bool(abs(error) <= floor.floor_tpot_p95)
-    ok = isinstance(value, bool) and value == expected
-    return check_true("Exercise 2b", value, ok, expected=expected, choice=True,
-                      good=f"{'within' if expected else 'beyond'} the floor: |{error:+.1%}| against "
-                           f"{floor.floor_tpot_p95:.1%}",
-                      bad="the error is predicted ÷ live median TPOT − 1; compare its magnitude with "
-                          "host_floor(...).floor_tpot_p95 and answer True or False (a bool)")
+def check_one_block_judgement(value, calibration: Calibration, block: Sequence[Request], deployment: Deployment,
+                              live_blocks: Sequence[Sequence[RequestRecord]], **sim_options: Any) -> CheckResult:
+    """Exercise 2: ``(error, floor)`` of Exercise 1's one-block prediction (:func:`one_block_judgement`),
+    each within 1e-6; the verdict (within or beyond the floor) is printed, not asked."""
+    name = "Exercise 2"
+    expected = one_block_judgement(calibration, block, deployment, live_blocks, **sim_options)
+    for x in expected:
+        record_expected(name, float(x), "measured")
+    if value is None or (isinstance(value, tuple | list) and all(v is None for v in value)):
+        return report(CheckResult(name, NOT_ATTEMPTED, "set prediction_error and block_floor and run the cell"))
+    try:
+        got = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        return report(CheckResult(name, FAILED, f"expected a pair of numbers (error, floor), got {value!r}"))
+    if len(got) != 2:
+        return report(CheckResult(name, FAILED, f"expected a pair of numbers (error, floor), got {len(got)} values"))
+    labels = ("prediction error", "floor of one block")
+    wrong = [f"{label}: got {g:+.6g}" for label, g, e in zip(labels, got, expected, strict=True)
+             if not math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-12)]
+    if not wrong:
+        err, floor = expected
+        verdict = "within" if abs(err) <= floor else "beyond"
+        return report(CheckResult(name, PASSED, f"error {err:+.1%} against a floor of {floor:.1%}: {verdict} "
+                                                "what one block of this host can miss by"))
+    return report(CheckResult(name, FAILED, "; ".join(wrong) + ". The error is your Exercise 1 prediction ÷ the "
+                              "live median TTFT of the same block − 1 (signed); the floor is |median TTFT of the "
+                              "rate's other block ÷ that block's − 1|, from the same deployment's live run."))
+
