@@ -246,3 +246,12 @@ def test_index_store_that_is_not_ours_is_a_clear_error(tmp_path):
     (tmp_path / course.INDEX_RESULTS).write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a course index store"):
         course.write_index([], tmp_path / "index.html")
+
+
+def test_a_run_of_the_whole_course_starts_a_fresh_index(tmp_path):
+    """A run of the whole course (``fresh``) starts from no rows: a renamed unit leaves no stale row."""
+    index = tmp_path / "index.html"
+    course.write_index([course.RunResult("lab06_faults_and_overload", "ok", 1.0, tmp_path / "a.ipynb")], index)
+    course.write_index([course.RunResult("lab06_faults", "ok", 2.0, tmp_path / "b.ipynb")], index, fresh=True)
+    rows = json.loads((tmp_path / course.INDEX_RESULTS).read_text())["rows"]
+    assert [r["notebook"] for r in rows] == ["lab06_faults"]
