@@ -140,3 +140,24 @@ def test_with_link_fits_the_handoff_beside_the_engine_and_the_two_core_deploymen
         assert all(r.ok and r.output_tokens == 8 for b in pred[4.0] for r in b)
     with pytest.raises(ValueError, match="no blocks"):
         predict_blocks({}, "colocated", cal)
+
+
+def test_two_calibrations_compared_coefficient_by_coefficient():
+    from pdlab.simreal.calibration import LinkFit, PrefillStall
+    from pdlab.simreal.compare import calibration_differences
+
+    a = Calibration(FittedLatency((0.010, 5e-5, 0.0), (0.008, 1e-7, 1e-3)), kv_link=LinkFit(0.003, 1e-6),
+                    prefill_stall=PrefillStall.from_dict({"streams": 4, "fixed_s": 0.002}))
+    b = Calibration(FittedLatency((0.011, 5e-5, 1e-9), (0.008, 1.2e-7, 1e-3)), kv_link=LinkFit(0.003, 2e-6),
+                    prefill_stall=PrefillStall.from_dict({"streams": 4, "fixed_s": 0.001}))
+    rows = {r["coefficient"]: r for r in calibration_differences(a, b)}
+    assert rows["a_p"]["first"] == pytest.approx(10.0) and rows["a_p"]["rel_diff"] == pytest.approx(0.1)
+    assert math.isnan(rows["c_p"]["rel_diff"]) and rows["c_p"]["second"] == pytest.approx(1.0)   # first is 0
+    assert rows["b_d"]["rel_diff"] == pytest.approx(0.2) and rows["c_d"]["rel_diff"] == pytest.approx(0.0)
+    assert rows["stall fixed_s"]["rel_diff"] == pytest.approx(-0.5)
+    assert rows["link s_per_token"]["unit"] == "µs/token" and rows["link s_per_token"]["rel_diff"] == pytest.approx(1.0)
+    pre = rows["prefill of 1024 tokens"]
+    assert pre["second"] / pre["first"] - 1 == pytest.approx(pre["rel_diff"])
+    assert pre["first"] == pytest.approx(1e3 * (0.010 + 5e-5 * 1024))
+    assert rows["decode step, 16 × 512 tokens"]["first"] == pytest.approx(1e3 * (0.008 + 1e-7 * 16 * 512 + 16e-3))
+    assert "link latency_s" not in {r["coefficient"] for r in calibration_differences(a, Calibration(b.latency))}

@@ -32,7 +32,7 @@ from pdlab.workloads import Request
 
 __all__ = ["ERROR_COLUMNS", "compare_runs", "paired_error", "error_table", "rate_for_load",
            "median_error", "HeldOut", "heldout_validation", "HostFloor", "host_floor", "block_log_ratios", "perfect_model_chance",
-           "perfect_prediction_chance", "prediction_floor"]
+           "perfect_prediction_chance", "prediction_floor", "calibration_differences"]
 
 
 #: Columns of :func:`error_table` (relative errors are (sim − live) / live; attainment in points).
@@ -329,3 +329,37 @@ def prediction_floor(blocks: Mapping[float, Sequence[Sequence[RequestRecord]]], 
                                                        seed=seed)
     return HostFloor(len(logs["ttft"]), rms["ttft"], rms["tpot"], float(m_ttft.mean()), float(m_tpot.mean()),
                      float(np.quantile(m_ttft, 0.95)), float(np.quantile(m_tpot, 0.95)), chance, bar)
+
+
+def calibration_differences(first: Calibration, second: Calibration, *, prompt_tokens: Sequence[int] = (256, 1024),
+                            decode_points: Sequence[tuple[int, int]] = ((1, 256), (16, 512))) -> list[dict[str, Any]]:
+    """Two calibrations of one engine compared coefficient by coefficient (a probe's own scatter
+    when they ran back to back): one row per coefficient with its ``unit``, its value in each
+    (``first``, ``second``, in that unit) and ``rel_diff`` = second ÷ first − 1 (NaN where the
+    first is 0 or missing). Rows: the prefill row (a_p, b_p, c_p), the decode row (a_d, b_d, c_d),
+    the prefill stall's fixed cost and the KV link's (where both hold them), then the times the
+    rows give (what the replay uses; NNLS may trade one coefficient for another): a prefill of
+    each of ``prompt_tokens`` and a decode step of each (batch, context tokens per sequence) of
+    ``decode_points``."""
+    def row(name: str, unit: str, scale: float, a: float | None, b: float | None) -> dict[str, Any]:
+        a = math.nan if a is None else float(a) * scale
+        b = math.nan if b is None else float(b) * scale
+        return {"coefficient": name, "unit": unit, "first": a, "second": b,
+                "rel_diff": b / a - 1 if a and math.isfinite(a) and math.isfinite(b) else math.nan}
+
+    (ap, bp, cp), (ad, bd, cd) = first.latency.prefill, first.latency.decode
+    (ap2, bp2, cp2), (ad2, bd2, cd2) = second.latency.prefill, second.latency.decode
+    rows = [row("a_p", "ms", 1e3, ap, ap2), row("b_p", "µs/token", 1e6, bp, bp2), row("c_p", "ns/token²", 1e9, cp, cp2),
+            row("a_d", "ms", 1e3, ad, ad2), row("b_d", "µs/ctx token", 1e6, bd, bd2), row("c_d", "µs/seq", 1e6, cd, cd2)]
+    if first.prefill_stall is not None and second.prefill_stall is not None:
+        rows.append(row("stall fixed_s", "ms", 1e3, first.prefill_stall.fixed_s, second.prefill_stall.fixed_s))
+    if first.kv_link is not None and second.kv_link is not None:
+        rows += [row("link latency_s", "ms", 1e3, first.kv_link.latency_s, second.kv_link.latency_s),
+                 row("link s_per_token", "µs/token", 1e6, first.kv_link.s_per_token, second.kv_link.s_per_token)]
+    for n in prompt_tokens:
+        rows.append(row(f"prefill of {n} tokens", "ms", 1e3, first.latency.prefill_time_s([n]),
+                        second.latency.prefill_time_s([n])))
+    for batch, ctx in decode_points:
+        rows.append(row(f"decode step, {batch} × {ctx} tokens", "ms", 1e3, first.latency.decode_time_s([ctx] * batch),
+                        second.latency.decode_time_s([ctx] * batch)))
+    return rows
