@@ -212,10 +212,6 @@ class Instance:
         r.finish = None
         self.sim.on_request_finished(r, now)
 
-    def cached_prefix_tokens(self, r: SimRequest) -> int:
-        """Tokens of ``r``'s prompt found in this instance's prefix cache (no side effects)."""
-        return self.kv_manager.cached_prefix_tokens(r)
-
     # -- the cost of a batch (called by the scheduler) ---------------------------------------------
     def prefill_batch(self, now: float, prefill: list[tuple[SimRequest, int]], decodes: list[SimRequest]) -> Batch:
         """One iteration with the prefill chunks ``(request, tokens)`` and the decodes riding along,
