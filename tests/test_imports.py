@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,8 +125,9 @@ def test_the_driver_catches_an_import_circle(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from circ.b import B\nA = 1\n")
     (pkg / "b.py").write_text("from circ.a import A\nB = 2\n")
-    run = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" + DRIVER,
-                          "[]", json.dumps(["circ.a", "circ.b"])], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", DRIVER, "[]", json.dumps(["circ.a", "circ.b"])],
+                         capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     failures = json.loads(run.stdout.strip().splitlines()[-1])["failures"]
     assert set(failures) == {"circ.a", "circ.b"}
