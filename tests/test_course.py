@@ -174,7 +174,8 @@ def test_readme_gives_each_units_learner_time_and_the_core_paths():
     expected = {u: course.learner_label(learner[u].total_min) if u in learner else "not measured" for u in rows}
     stale = {u: (r["learner min"], expected[u]) for u, r in rows.items() if r["learner min"] != expected[u]}
     assert not stale, ("README's learner min column is stale (unit: README, computed); a unit's prose, code, "
-                       f"exercises or ci time changed: {stale}")
+                       f"exercises or ci time changed: {stale}. Refresh it with .venv/bin/python -c 'from "
+                       "pdlab.course.effort import refresh_readme_learner_times as r; print(r())'")
     core = [u for u, r in rows.items() if r["track"] == "core"]
     assert core and all(u in learner for u in core), f"core units without a learner time: {core}"
     total = course.learner_label(sum(learner[u].total_min for u in core))
@@ -183,7 +184,27 @@ def test_readme_gives_each_units_learner_time_and_the_core_paths():
     found = re.search(r"core path takes about \*\*(\d+) min\*\* of learner time, of which at most \*\*(\d+) min\*\*",
                       readme)
     assert found, "README gives no core-path learner time"
-    assert found.groups() == (total, run_min), f"README's core path: {found.groups()}, computed: {(total, run_min)}"
+    assert found.groups() == (total, run_min), (f"README's core path: {found.groups()}, computed: {(total, run_min)}; "
+                                                "refresh it with pdlab.course.effort.refresh_readme_learner_times()")
+
+
+def test_refresh_readme_learner_times_rewrites_the_column_and_the_total(tmp_path, monkeypatch):
+    from pdlab.course import effort
+
+    (tmp_path / "README.md").write_text(
+        "The core path takes about **1 min** of learner time, of which at most **2 min** is the runs.\n\n"
+        "| # | unit | track | learner min | ci min | teaches |\n|---|---|---|---|---|---|\n"
+        "| 00 | `notebooks/00_orientation` | core | 1 | 0.2 | the map |\n"
+        "| lab02 | `labs/lab02` | optional | 1 | 0.4 | SGLang |\n")
+    times = {"00": effort.LearnerTime(10.0, 10.0, 0.5, 16), "lab02": effort.LearnerTime(1.0, 1.0, 1.0, 8)}
+    monkeypatch.setattr(effort, "learner_times", lambda root=None: times)
+    monkeypatch.setattr("pdlab.course.generate.ci_seconds", lambda root=None: {"00": (20.0, 30.0), "lab02": (1, 60)})
+    assert effort.refresh_readme_learner_times(tmp_path) == ["00", "lab02"]
+    text = (tmp_path / "README.md").read_text()
+    assert "| 00 | `notebooks/00_orientation` | core | 35 | 0.2 | the map |" in text
+    assert "| lab02 | `labs/lab02` | optional | 10 | 0.4 | SGLang |" in text
+    assert "about **35 min** of learner time, of which at most **0 min**" in text  # 30 s of ci
+    assert effort.refresh_readme_learner_times(tmp_path) == []
 
 
 def test_learner_minutes_follow_the_stated_rule(tmp_path):

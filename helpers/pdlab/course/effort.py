@@ -21,6 +21,7 @@ files, not their outputs. Notebook 00 and the README print the total rounded to
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from pdlab.paths import repo_root
 
 __all__ = ["CODE_LINES_PER_MIN", "LEARNER_ROUND_MIN", "MAX_CELLS", "MAX_CELL_WORDS", "MAX_MARKDOWN_WORDS",
            "MINUTES_PER_EXERCISE", "READING_WORDS_PER_MIN", "LearnerTime", "UnitSize", "learner_label",
-           "learner_minutes", "learner_times", "unit_size"]
+           "learner_minutes", "learner_times", "readme_with_learner_times", "refresh_readme_learner_times",
+           "unit_size"]
 
 MAX_CELLS = 45
 MAX_MARKDOWN_WORDS = 2200
@@ -153,3 +155,49 @@ def learner_times(root: Path | None = None) -> dict[str, LearnerTime]:
         if path.exists() and ident in times:
             out[ident] = learner_minutes(path, run_seconds=times[ident][1], root=root)
     return out
+
+
+_CORE_PATH = re.compile(r"(core\s+path\s+takes\s+about\s+\*\*)\d+(\s+min\*\*\s+of\s+learner\s+time,\s+of\s+which\s+at\s+most"
+                        r"\s+\*\*)\d+(\s+min\*\*)")
+
+
+def refresh_readme_learner_times(root: Path | None = None) -> list[str]:
+    """Rewrite the README course map's *learner min* column (``| id | unit | track | learner min | ci min |
+    … |`` rows) and its core-path sentence from :func:`learner_times` and the ci times; return the units
+    whose value changed. Run it after a unit's prose, code, exercises or ci time changed."""
+    root = root or repo_root()
+    path = root / "README.md"
+    text, changed = readme_with_learner_times(path.read_text(encoding="utf-8"), root)
+    path.write_text(text, encoding="utf-8")
+    return changed
+
+
+def readme_with_learner_times(text: str, root: Path | None = None) -> tuple[str, list[str]]:
+    """``text`` (the README) with its learner min column and core-path sentence computed, and the units whose
+    value changed (see :func:`refresh_readme_learner_times`)."""
+    from pdlab.course.generate import ci_seconds
+
+    root = root or repo_root()
+    learner, times = learner_times(root), ci_seconds(root)
+    changed, core, lines = [], [], []
+    for line in text.splitlines(keepends=True):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) == 6 and cells[2] in ("core", "optional"):
+            unit = cells[0]
+            value = learner_label(learner[unit].total_min) if unit in learner else "not measured"
+            core += [unit] if cells[2] == "core" else []
+            if value != cells[3]:
+                changed.append(unit)
+                line = "| " + " | ".join([*cells[:3], value, *cells[4:]]) + " |\n"
+        lines.append(line)
+    text = "".join(lines)
+    missing = [u for u in core if u not in learner]
+    if missing:
+        raise ValueError(f"core units without a learner time (no ci run recorded?): {missing}")
+    total = learner_label(sum(learner[u].total_min for u in core))
+    run_min = f"{sum(times[u][1] for u in core) / 60:.0f}"
+    text, found = _CORE_PATH.subn(lambda m: f"{m.group(1)}{total}{m.group(2)}{run_min}{m.group(3)}", text)
+    if found != 1:
+        raise ValueError(f"README: expected one core-path sentence ('core path takes about **N min** of learner "
+                         f"time, of which at most **M min** ...'), found {found}")
+    return text, changed
