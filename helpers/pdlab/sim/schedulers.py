@@ -42,8 +42,8 @@ __all__ = ["Scheduler", "ContinuousBatching", "ChunkedPrefill", "DecodeOnly", "r
 
 class Scheduler:
     """The batch scheduler of one instance. Subclasses implement :meth:`form_batch`; the methods
-    below are the steps the built-in schedulers share (admission of prompts and of decodes,
-    making room for decodes by preemption).
+    below are the steps the built-in schedulers share (the running requests that can decode,
+    admission of prompts, making room for decodes by preemption).
 
     Attributes read by the methods: ``inst`` (the :class:`~pdlab.sim.instance.Instance`), ``kv``
     (its :class:`~pdlab.sim.kvmanager.KVManager`), ``spec`` (its
