@@ -176,7 +176,7 @@ def check_kv_transfer_is_used(before: MetricsSnapshot, after: MetricsSnapshot, p
     """Did a decode server load the prompts' KV from the prefill side, between two scrapes of its ``/metrics``?
 
     ``prompt_tokens``: the prompt tokens the client sent through the P/D pair between the scrapes (its
-    own count). A pair that works loads them through the KV connector and computes only the last,
+    own count). A pair that works loads them through the KV connector and computes at most the last,
     partial block of each prompt; a silent fallback to decode-only (a front door that drops
     ``kv_transfer_params``, a wrong side-channel port) shows 0 external KV tokens and a local prefill
     equal to the prompt, with no error anywhere. Not ok when decode loaded no token through the
