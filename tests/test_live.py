@@ -59,6 +59,46 @@ def _post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read() or b"{}")
 
 
+def test_two_replicas_behind_vllm_router_take_turns(tiny_model):
+    """Two colocated replicas (core 0, core 1) behind vllm-router in plain round-robin mode, before the
+    module's 1P1D pair starts: four requests sent one at a time land two on each replica, the split
+    from the replicas' own prompt-token counters is exact, the router's greedy text is a replica's, and
+    nothing is left after stop."""
+    from pdlab.metrics import RequestRecord
+    from pdlab.serve.engines.deploy import colocated_replicas
+    from pdlab.serve.engines.vllm_router import round_robin_split
+    from pdlab.serve.measure.evidence import scrape_metrics
+
+    before_pids = _descendants(os.getpid())
+    first = free_port(count=3)
+    dep = colocated_replicas(tiny_model.path, device="cpu", port=first, replica_port=first + 1, max_model_len=2048)
+    with dep:
+        assert dep.front_door == "vllm-router" and [s.spec.cores for s in dep.servers] == ["0", "1"]
+        served = dep.served_model()
+        counters = [scrape_metrics(s.url) for s in dep.servers]
+        records = []
+        for i, words in enumerate((20, 60, 20, 60)):   # two prompt lengths, so the counters tell the offsets apart
+            body = {"model": served, "prompt": f"replica turn {i} " * words, "max_tokens": 4, "temperature": 0.0,
+                    "ignore_eos": True}
+            status, answer = _post(dep.url + "/v1/completions", body)
+            assert status == 200, answer
+            records.append(RequestRecord(i, float(i), answer["usage"]["prompt_tokens"], 4,
+                                         server_prompt_tokens=answer["usage"]["prompt_tokens"]))
+        after = [scrape_metrics(s.url) for s in dep.servers]
+        done = [a.total("vllm:request_success_total") - b.total("vllm:request_success_total")
+                for a, b in zip(after, counters, strict=True)]
+        assert done == [2, 2]
+        tokens = [a.total("vllm:prompt_tokens_total") - b.total("vllm:prompt_tokens_total")
+                  for a, b in zip(after, counters, strict=True)]
+        split, unmatched = round_robin_split(records, tokens)
+        assert unmatched == 0.0 and [len(part) for part in split] == [2, 2]
+        status, alone = _post(dep.servers[0].url + "/v1/completions", body)
+        assert status == 200 and alone["choices"][0]["text"] == answer["choices"][0]["text"]
+    time.sleep(0.5)
+    assert not dep.alive()
+    assert not (_descendants(os.getpid()) - before_pids)
+
+
 @pytest.fixture(scope="module")
 def deployment(tiny_model):
     """1P1D over NIXL on the session's tiny model (``tiny_model`` in tests/conftest.py)."""
