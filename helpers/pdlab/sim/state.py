@@ -1,8 +1,9 @@
 """The simulator's shared state: one request (:class:`SimRequest`), one iteration or planned run of
 decode iterations (:class:`Batch`, with the closed-form :class:`BatchPlan`), the prefix-block LRU
 (:class:`PrefixLRU`) and the event kinds of the event loop (plain ``int`` constants: the event loop
-compares them on every event). Shared by :mod:`pdlab.sim.engine` and :mod:`pdlab.sim.instance`, and
-the request type that dispatch policies (:class:`pdlab.sim.dispatch.DispatchPolicy`) receive.
+compares them on every event). Shared by :mod:`pdlab.sim.engine`, :mod:`pdlab.sim.instance`,
+:mod:`pdlab.sim.schedulers` and :mod:`pdlab.sim.kvmanager`, and the request type that dispatch
+policies (:class:`pdlab.sim.dispatch.DispatchPolicy`) receive.
 
 A run of pure-decode steps with a fixed batch is one event: for latency models with an affine
 decode step (:meth:`pdlab.sim.latency.LatencyModel.decode_affine`) each step's time is linear in
