@@ -5,12 +5,13 @@ Pieces, each replaceable:
 - latency models (:mod:`pdlab.sim.latency`): roofline from the catalog, DistServe-style fitted,
   constant; anything with ``step_time_s(prefill_tokens, prefill_sq_tokens, decode_batch,
   decode_ctx_tokens)`` works;
-- instances and their batch schedulers (:mod:`pdlab.sim.instance`, specs in :mod:`pdlab.sim.spec`,
-  event loop and KV hand-off in :mod:`pdlab.sim.engine`): colocated vLLM-style continuous
-  batching, Sarathi-Serve chunked prefill, prefill-only and decode-only instances, KV memory limit
-  with preemption, TP and PP per instance, prefix caching, KV transfer over a link, and the
-  hand-off physics of a live engine (decode-side KV reservation, fair link sharing, per-transfer
-  setup cost, roles sharing CPU cores);
+- instances (:mod:`pdlab.sim.instance`, specs in :mod:`pdlab.sim.spec`, event loop and KV
+  hand-off in :mod:`pdlab.sim.engine`), their batch schedulers (:mod:`pdlab.sim.schedulers`, a
+  class per policy, registered by name: :func:`register_scheduler`) and KV memory
+  (:mod:`pdlab.sim.kvmanager`): colocated vLLM-style continuous batching, Sarathi-Serve chunked
+  prefill, prefill-only and decode-only instances, KV memory limit with preemption, TP and PP per
+  instance, prefix caching, KV transfer over a link, and the hand-off physics of a live engine
+  (decode-side KV reservation, fair link sharing, per-transfer setup cost, roles sharing CPU cores);
 - dispatch policies (:mod:`pdlab.sim.dispatch`): round robin, shortest queue, least loaded;
 - sources (:mod:`pdlab.sim.sources`): traces and synthetic Poisson / gamma arrivals;
 - :func:`build_cluster` (:mod:`pdlab.sim.cluster`): the one builder from a deployment description
@@ -43,6 +44,15 @@ from pdlab.sim.latency import (
     sample_points,
     save_profile,
 )
+from pdlab.sim.kvmanager import KVManager
+from pdlab.sim.schedulers import (
+    ChunkedPrefill,
+    ContinuousBatching,
+    DecodeOnly,
+    Scheduler,
+    register_scheduler,
+    scheduler_names,
+)
 from pdlab.sim.sources import GammaSource, ListSource, PoissonSource, Source, TraceSource
 from pdlab.sim.spec import HANDOFF_RESERVATIONS, LINK_SHARING, InstanceSpec, KVLink
 from pdlab.sim.state import SimRequest
@@ -54,4 +64,6 @@ __all__ = [
     "LatencyModel", "RooflineLatency", "FittedLatency", "ConstantLatency", "roofline_latency", "fit_latency",
     "sample_points", "load_profile", "save_profile", "kv_capacity_tokens",
     "Source", "TraceSource", "PoissonSource", "GammaSource", "ListSource",
+    "Scheduler", "ContinuousBatching", "ChunkedPrefill", "DecodeOnly", "register_scheduler", "scheduler_names",
+    "KVManager",
 ]
