@@ -348,13 +348,14 @@ class SimulatedAdmission:
 def simulate_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int], policy: TTFTAdmission, *,
                        engine_slowdown: float = 1.0, poll_s: float | None = 0.5,
                        output_tokens: Sequence[int] | None = None, decode_kv_tokens: int | None = None,
-                       prefill_batch: int = 1) -> SimulatedAdmission:
+                       prefill_batch: int = 1, prefill_batch_tokens: int | None = None) -> SimulatedAdmission:
     """The arrivals through the simulator (:class:`pdlab.sim.Simulator`, one prefill and one decode
     instance) with ``policy`` as its admission hook: the live proxy's class, on a simulated engine.
 
     The prefill instance runs the policy's own fitted model × ``engine_slowdown`` (how much slower the
     loaded engine is than the idle fit: the load the policy has to learn), up to ``prefill_batch``
-    prompts per step (1: one at a time, first come first served); a prefill's end is the leg's
+    prompts and ``prefill_batch_tokens`` tokens per step (1 prompt: one at a time, first come first
+    served; a prompt alone is never cut); a prefill's end is the leg's
     return (:meth:`TTFTAdmission.done`). With ``poll_s`` the policy reads the simulated engines' state
     (waiting and running prefills; decode KV usage, and with ``decode_kv_tokens`` the KV check),
     refreshed at most every ``poll_s`` seconds, as the live proxy's ``/metrics`` poller does
@@ -372,6 +373,8 @@ def simulate_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int]
         raise ValueError(f"poll_s must be positive or None, got {poll_s!r}")
     if prefill_batch < 1:
         raise ValueError(f"prefill_batch must be ≥ 1 prompt, got {prefill_batch!r}")
+    if prefill_batch_tokens is not None and prefill_batch_tokens < 1:
+        raise ValueError(f"prefill_batch_tokens must be ≥ 1 token, got {prefill_batch_tokens!r}")
     outs = list(output_tokens) if output_tokens is not None else [1] * len(arrivals_s)
     if len(outs) != len(arrivals_s):
         raise ValueError("one output length per arrival")
@@ -379,7 +382,7 @@ def simulate_admission(arrivals_s: Sequence[float], prompt_tokens: Sequence[int]
     longest = max([*prompt_tokens, 1])
     prefill = InstanceSpec(FittedLatency((k * m.a_s, k * m.b_s_per_token, k * m.c_s_per_token2), (0.0, 0.0, 0.0)),
                            kv_capacity_tokens=longest * max(prefill_batch, 1) + 1, role="prefill",
-                           max_num_seqs=prefill_batch, max_batched_tokens=longest * prefill_batch)
+                           max_num_seqs=prefill_batch, max_batched_tokens=prefill_batch_tokens or longest * prefill_batch)
     capacity = decode_kv_tokens or 10 * (sum(prompt_tokens) + sum(outs)) + 1
     decode = InstanceSpec(ConstantLatency(0.0, 1e-3), kv_capacity_tokens=capacity, role="decode",
                           handoff_reservation="none")

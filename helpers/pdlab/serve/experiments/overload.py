@@ -232,7 +232,9 @@ class OverloadRow:
     (no learning, legs ending when predicted); ``predicted_rejected_share_learned``: the share the
     simulator's replay with the live policy refuses (:func:`overload_run`); ``decisions_agree``,
     ``agree_on_admitted``, ``agree_on_refused``: how often that replay's decisions equal the proxy's,
-    over all requests, those the proxy admitted and those it refused (NaN where there are none).
+    over all requests, those the proxy admitted and those it refused (NaN where there are none);
+    ``replay_self_agree``: how often the replay agrees with itself when its engine runs 2 % slower,
+    the ceiling of that agreement for decisions this close to the threshold.
     ``learned_slowdown``: what the proxy itself learned, reported, not used by the replay."""
 
     design: str
@@ -253,6 +255,7 @@ class OverloadRow:
     decisions_agree: float
     agree_on_admitted: float
     agree_on_refused: float
+    replay_self_agree: float
     peak_engine_rss_gib: float
     peak_proxy_rss_gib: float
     peak_kv_usage: float
@@ -306,11 +309,14 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     flags = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, headroom=headroom)
     slowdown = _proxy_slowdown(dep.url)
     if slowdown != slowdown:  # admission off: the proxy admits everything
-        learned = [True] * len(requests)
+        learned = nudged = [True] * len(requests)
     else:
-        policy = TTFTAdmission(model, slo.ttft_s, handoff_s, headroom=headroom)
-        learned = simulate_admission(arrivals, tokens, policy, engine_slowdown=engine_slowdown,
-                                     poll_s=0.5 if design == "engine state" else None).admitted()
+        def replay(engine_x: float) -> list[bool]:
+            policy = TTFTAdmission(model, slo.ttft_s, handoff_s, headroom=headroom)
+            return simulate_admission(arrivals, tokens, policy, engine_slowdown=engine_x,
+                                      poll_s=0.5 if design == "engine state" else None).admitted()
+
+        learned, nudged = replay(engine_slowdown), replay(1.02 * engine_slowdown)
     live = [r.request_id not in rejected for r in requests]
     agree = [flag == ok for flag, ok in zip(learned, live, strict=True)]
     share = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
@@ -332,6 +338,7 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
                       predicted_rejected_share_learned=1.0 - sum(learned) / len(learned),
                       decisions_agree=sum(agree) / len(agree), agree_on_admitted=agree_admitted,
                       agree_on_refused=agree_refused,
+                      replay_self_agree=sum(a == b for a, b in zip(learned, nudged, strict=True)) / len(learned),
                       peak_engine_rss_gib=sum(v for k, v in res_meter.peak_rss_gib.items() if k != "proxy"),
                       peak_proxy_rss_gib=res_meter.peak_rss_gib["proxy"], peak_kv_usage=res_meter.peak_kv_usage,
                       prefix_cache_hit_share=largest_hit_share(before, after),
