@@ -126,3 +126,36 @@ def test_loaded_slowdown_is_the_bursts_first_token_span_over_the_fitted_prefills
     assert loaded_slowdown(fast, model) == 1.0  # never below the idle fit
     with pytest.raises(ValueError, match="≥ 2 answered"):
         loaded_slowdown(recs[:1], model)
+
+
+def test_replay_agreement_reads_a_saved_run_and_counts_equal_decisions(tmp_path):
+    import json as _json
+
+    from pdlab.metrics import RequestRecord, write_records
+    from pdlab.sched.admission import PrefillModel, TTFTAdmission, simulate_admission
+    from pdlab.serve.experiments.overload import replay_agreement
+
+    model = PrefillModel(0.0, 0.001)  # 0.1 s per 100 tokens
+    arrivals, tokens = [0.047 * i for i in range(12)], [100] * 12
+    cal = {"prefill": [0.0, 0.001, 0.0], "handoff_s": 0.0, "engine_slowdown": 1.0, "headroom": 1.0, "ttft_slo_s": 0.35}
+    (tmp_path / "calibration.json").write_text(_json.dumps(cal))
+    replayed = simulate_admission(arrivals, tokens, TTFTAdmission(model, 0.35, 0.0), poll_s=None).admitted()
+    assert 0 < sum(replayed) < len(replayed)
+    live = list(replayed)
+    live[-1] = not live[-1]  # the proxy decided one request the other way
+
+    def recs(flags):
+        return [RequestRecord(i, t, n, 1, first_token_s=t + 0.2, finish_s=t + 0.3) if ok else
+                RequestRecord(i, t, n, 1, ok=False, error="HTTP 503: rejected on arrival")
+                for i, (t, n, ok) in enumerate(zip(arrivals, tokens, flags, strict=True))]
+
+    write_records(recs(live), tmp_path / "records_bookkeeping_3x.jsonl")
+    write_records(recs([True] * 12), tmp_path / "records_no_admission_3x.jsonl")  # no policy: left out
+    (row,) = replay_agreement(tmp_path)
+    assert row["design"] == "bookkeeping" and row["load_x"] == 3.0 and row["requests"] == 12
+    assert row["agree"] == pytest.approx(11 / 12)
+    wrong_on = "agree_on_admitted" if live[-1] else "agree_on_refused"
+    n_side = sum(live) if live[-1] else len(live) - sum(live)
+    assert row[wrong_on] == pytest.approx((n_side - 1) / n_side)
+    with pytest.raises(ValueError, match="calibration.json"):
+        replay_agreement(tmp_path / "missing")

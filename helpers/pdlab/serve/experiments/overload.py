@@ -45,7 +45,7 @@ from pdlab.workloads import Request
 
 __all__ = ["REJECTED", "is_rejected", "save_prefill_profile", "measure_handoff",
            "saturation_capacity", "loaded_slowdown", "run_requests", "slo_capacity", "ResourceSampler", "OverloadRow", "overload_run",
-           "AdmissionSettings", "DESIGNS", "overload_matrix"]
+           "AdmissionSettings", "DESIGNS", "overload_matrix", "replay_agreement"]
 
 #: How the client's error text starts for a request the proxy refused on arrival.
 REJECTED = "HTTP 503"
@@ -317,11 +317,7 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
                                       poll_s=0.5 if design == "engine state" else None).admitted()
 
         learned, nudged = replay(engine_slowdown), replay(1.02 * engine_slowdown)
-    live = [r.request_id not in rejected for r in requests]
-    agree = [flag == ok for flag, ok in zip(learned, live, strict=True)]
-    share = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    agree_admitted = share([a for a, ok in zip(agree, live, strict=True) if ok])
-    agree_refused = share([a for a, ok in zip(agree, live, strict=True) if not ok])
+    agreement = _agreement(learned, [r.request_id not in rejected for r in requests])
     ok_admitted = [r for r in admitted if r.ok]
     ttft_p90 = percentiles([r.ttft_s for r in ok_admitted], [90])["p90"]
     predicted = [t["predicted_ttft_s"] for t in proxy_rows if t.get("predicted_ttft_s") is not None]
@@ -336,14 +332,65 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
                       predicted_ttft_p90_s=p90(predicted), tpot_p90_admitted_s=p90(tpots),
                       predicted_rejected_share=1.0 - sum(flags) / len(flags), learned_slowdown=slowdown,
                       predicted_rejected_share_learned=1.0 - sum(learned) / len(learned),
-                      decisions_agree=sum(agree) / len(agree), agree_on_admitted=agree_admitted,
-                      agree_on_refused=agree_refused,
+                      decisions_agree=agreement["agree"], agree_on_admitted=agreement["agree_on_admitted"],
+                      agree_on_refused=agreement["agree_on_refused"],
                       replay_self_agree=sum(a == b for a, b in zip(learned, nudged, strict=True)) / len(learned),
                       peak_engine_rss_gib=sum(v for k, v in res_meter.peak_rss_gib.items() if k != "proxy"),
                       peak_proxy_rss_gib=res_meter.peak_rss_gib["proxy"], peak_kv_usage=res_meter.peak_kv_usage,
                       prefix_cache_hit_share=largest_hit_share(before, after),
                       wall_s=wall)
     return row, recs
+
+
+def _agreement(replayed: Sequence[bool], live: Sequence[bool]) -> dict[str, float]:
+    """Shares of equal decisions: overall, where ``live`` admitted, where it refused (NaN: none)."""
+    same = [a == b for a, b in zip(replayed, live, strict=True)]
+    share = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    return {"agree": share(same), "agree_on_admitted": share([a for a, ok in zip(same, live, strict=True) if ok]),
+            "agree_on_refused": share([a for a, ok in zip(same, live, strict=True) if not ok])}
+
+
+def replay_agreement(run_dir: str | Path, *, engine_slowdowns: Sequence[float] = (1.0,)) -> list[dict[str, Any]]:
+    """The simulator's replay of a saved overload run against the proxy's decisions, per design and load.
+
+    ``run_dir`` holds what the overload lab writes: ``calibration.json`` (``prefill`` [a, b, c],
+    ``handoff_s``, ``engine_slowdown``, ``headroom``, ``ttft_slo_s``) and ``records_<design>_<load>x.jsonl``
+    for the designs with admission. Each run's arrivals (the client's send times) and prompt lengths go
+    through :func:`simulate_admission` with a fresh policy of those settings, on an engine
+    ``engine_slowdowns`` × the calibration's slowdown (1.0: as calibrated). One row per run and factor:
+    ``design``, ``load_x``, ``engine_x``, ``requests``, ``refused_live``, ``refused_replay`` (shares) and
+    the agreement overall, on the admitted and on the refused requests.
+    """
+    from pdlab.metrics import read_records
+
+    run_dir = Path(run_dir)
+    try:
+        cal = json.loads((run_dir / "calibration.json").read_text())
+        model = PrefillModel(*cal["prefill"])
+        settings = (float(cal["ttft_slo_s"]), float(cal["handoff_s"]), float(cal["headroom"]), float(cal["engine_slowdown"]))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{run_dir}/calibration.json is missing or incomplete ({exc})") from None
+    slo_s, handoff_s, headroom, slowdown = settings
+    rows = []
+    for path in sorted(run_dir.glob("records_*x.jsonl")):
+        design, load = path.stem.removeprefix("records_").rsplit("_", 1)
+        design = design.replace("_", " ")
+        if design not in ("bookkeeping", "engine state"):
+            continue
+        recs = sorted(read_records(path), key=lambda r: (r.arrival_s, str(r.request_id)))
+        t0 = recs[0].arrival_s
+        arrivals, tokens = [r.arrival_s - t0 for r in recs], [r.prompt_tokens for r in recs]
+        live = [not is_rejected(r) for r in recs]
+        for x in engine_slowdowns:
+            policy = TTFTAdmission(model, slo_s, handoff_s, headroom=headroom)
+            replayed = simulate_admission(arrivals, tokens, policy, engine_slowdown=x * slowdown,
+                                          poll_s=0.5 if design == "engine state" else None).admitted()
+            rows.append({"design": design, "load_x": float(load.removesuffix("x")), "engine_x": x, "requests": len(recs),
+                         "refused_live": 1 - sum(live) / len(live), "refused_replay": 1 - sum(replayed) / len(replayed),
+                         **_agreement(replayed, live)})
+    if not rows:
+        raise ValueError(f"{run_dir} holds no records_<design>_<load>x.jsonl of a design with admission")
+    return rows
 
 
 @dataclass(frozen=True)
