@@ -6,7 +6,8 @@
 - :mod:`pdlab.serve.client` — the benchmark client, streaming, agreement with ``vllm bench``;
 - :mod:`pdlab.serve.measure` — CPU cost, host check, TTFT anatomy, ``/metrics`` evidence;
 - :mod:`pdlab.serve.experiments` — faults (lab 06) and overload (lab 07);
-- :mod:`pdlab.serve.probes` — the live calibration probes (lab 05).
+- :mod:`pdlab.serve.probes` and :mod:`pdlab.serve.pair_probes` — the live probes of one server and of a
+  prefill/decode pair (lab 05): typed points, fitted by :mod:`pdlab.simreal.probes`.
 
 Each subpackage lists its public names in its own front file (``from pdlab.serve.engines import
 colocated``); the process hygiene the labs use beside them is :mod:`pdlab.process`. This file
