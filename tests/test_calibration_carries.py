@@ -321,17 +321,21 @@ def test_lab05s_saved_calibration_gives_the_labs_predictions_on_the_command_line
     """Lab 05 predicts with :func:`pdlab.simreal.predict.predict_blocks` from one engine's probe
     calibration and the link fitted beside it (:func:`~pdlab.simreal.predict.with_link`), and saves
     that calibration; ``pdlab sim run --profile`` with :func:`~pdlab.simreal.predict.sim_run_flags`
-    gives the same records for one colocated engine, two replicas round robin and 1P1D."""
-    from pdlab.simreal.predict import TWO_CORE_DEPLOYMENTS, predict_blocks, sim_run_flags, with_link
+    gives the same records for one colocated engine, two replicas round robin and 1P1D, with and
+    without the front ends on the engines' cores (the lab's CPU layout)."""
+    from pdlab.simreal.predict import predict_blocks, sim_run_flags, two_core_deployments, with_link
 
-    engine = _calibration(prefill_stall=PrefillStall.from_dict({"streams": 4, "fixed_s": 0.001}))
+    engine = _calibration(prefill_stall=PrefillStall.from_dict({"streams": 4, "fixed_s": 0.001}),
+                          front_end_core=CoreShare(base_cores=0.05, cpu_s_per_request=0.01))
     handoff = [{"tokens": n, "ttft_s": 0.03 + ENGINE.decode_time_s([n]) + 0.004 + 2e-6 * n, "samples": 3,
                 "prefill_leg_s": 0.03} for n in (32, 512, 1536)]
     path = save_calibration(with_link(engine, handoff), tmp_path / "calibration.json")
     options = dict(kv_capacity_tokens=65536, token_budget=1024, max_num_seqs=64)
     flags = ["--kv-capacity-tokens", "65536", "--token-budget", "1024", "--max-num-seqs", "64"]
     reqs = synthetic_requests(80, LOADED_RPS, **WORKLOAD)
-    deployments = {"one engine": Deployment("colocated"), **TWO_CORE_DEPLOYMENTS}
+    deployments = {"one engine": Deployment("colocated"), **two_core_deployments(),
+                   **{f"{n}, front ends on the engines' cores": d
+                      for n, d in two_core_deployments(front_end_shares_core=True).items()}}
     for name, dep in deployments.items():
         printed, recs = _sim_run(path, *sim_run_flags(dep), *flags, tmp_path=tmp_path, capsys=capsys, requests=80)
         lab = predict_blocks({LOADED_RPS: [reqs]}, dep, load_calibration(path), **options)[LOADED_RPS][0]

@@ -36,9 +36,9 @@ def check_block_prediction(value, calibration: Calibration, block: Sequence[Requ
     """Exercise 1: predict the deployment before it runs: the median TTFT (s) of one planned block."""
     expected = block_ttft_prediction(calibration, block, deployment, **sim_options)
     return check_close("Exercise 1", value, expected, rel_tol=1e-6, unit="s", measured=True,
-                       hint="replay the block's planned requests on Deployment('colocated', instances=2, "
-                            "dispatch='round_robin') with the engine's calibration and the lab's simulator options "
-                            "(**SIM), then take the median of the simulated TTFTs, in seconds.")
+                       hint="replay the block's planned requests on DEPLOYMENTS['2 replicas'] (two replicas, round "
+                            "robin, front ends on their cores) with the engine's calibration and the lab's simulator "
+                            "options (**SIM), then take the median of the simulated TTFTs, in seconds.")
 
 
 def one_block_judgement(calibration: Calibration, block: Sequence[Request], deployment: Deployment,

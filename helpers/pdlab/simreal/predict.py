@@ -30,7 +30,7 @@ from pdlab.simreal.compare import median_error, paired_error
 from pdlab.simreal.replay import Deployment, replay
 from pdlab.workloads import Request
 
-__all__ = ["TWO_CORE_DEPLOYMENTS", "sim_run_flags", "with_link", "predict_blocks", "PredictionErrors",
+__all__ = ["TWO_CORE_DEPLOYMENTS", "two_core_deployments", "sim_run_flags", "with_link", "predict_blocks", "PredictionErrors",
            "prediction_errors", "block_goodputs", "goodput_floor_rps", "Decision", "decide", "decision_table",
            "VERDICTS"]
 
@@ -40,6 +40,14 @@ TWO_CORE_DEPLOYMENTS: dict[str, Deployment] = {
     "2 replicas": Deployment("colocated", instances=2, dispatch="round_robin"),
     "1P1D": Deployment("disaggregated"),
 }
+
+
+def two_core_deployments(*, front_end_shares_core: bool = False) -> dict[str, Deployment]:
+    """:data:`TWO_CORE_DEPLOYMENTS`, with ``front_end_shares_core`` set on both: each engine's
+    API server on the engine's own core (a CPU host where each server is pinned to its core with
+    its whole process tree), charged by the calibration's ``front_end_core`` term."""
+    return {name: replace(dep, front_end_shares_core=front_end_shares_core)
+            for name, dep in TWO_CORE_DEPLOYMENTS.items()}
 
 #: The marks of a decision (:class:`Decision`).
 VERDICTS = ("agree", "disagree", "within the floor")
