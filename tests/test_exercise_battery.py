@@ -333,13 +333,14 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
     ev2 = KVTransferEvidence(requests=8, prompt_tokens=2000, external_kv_tokens=1992, local_compute_tokens=8,
                              local_cache_hit_tokens=0, nixl_transfers=8, nixl_bytes=3e6, nixl_xfer_time_s=0.002,
                              nixl_failed_transfers=0)
-    pooled = ((3936 + 1992) / 6000, (1e6 + 3e6) / 0.012 / 1e9)   # Exercise 2: both rates added up, then divided
+    pooled = ((1e6 + 3e6) / (3936 + 1992), (1e6 + 3e6) / 0.012 / 1e9)   # Exercise 2: both rates added up, then divided
     add(lab01.check_kv_transfer_totals, ({1.0: ev, 2.0: ev2},), pooled,
-        {"the last rate's property alone": (ev2.transferred_fraction, ev2.bandwidth_bytes_per_s / 1e9),
-         "the mean of the rates' shares and bandwidths": ((ev.transferred_fraction + ev2.transferred_fraction) / 2,
-                                                         (ev.bandwidth_bytes_per_s + ev2.bandwidth_bytes_per_s) / 2e9),
+        {"the last rate's figures alone": (ev2.nixl_bytes / ev2.external_kv_tokens, ev2.bandwidth_bytes_per_s / 1e9),
+         "the mean of the rates' figures": ((ev.nixl_bytes / ev.external_kv_tokens + ev2.nixl_bytes / ev2.external_kv_tokens)
+                                            / 2, (ev.bandwidth_bytes_per_s + ev2.bandwidth_bytes_per_s) / 2e9),
+         "bytes per request (a property)": ((ev.nixl_bytes + ev2.nixl_bytes) / 12, pooled[1]),
          "bytes/s instead of GB/s": (pooled[0], pooled[1] * 1e9), "the pair swapped": pooled[::-1],
-         "percent": (100 * pooled[0], pooled[1]), "one number": pooled[0], "a guessed 1.0 and the share only": (1.0, None)})
+         "one number": pooled[0], "only the first half": (pooled[0], None)})
     ok2 = [r for r in recs if r.ok and r.output_tokens > 1]
     short = [r for r in ok2 if r.prompt_tokens < 2000]
 

@@ -35,36 +35,35 @@ def check_short_request_tpot_us(value, records: Sequence[RequestRecord], long_pr
 
 
 def kv_transfer_totals(evidence: Mapping[float, KVTransferEvidence]) -> tuple[float, float]:
-    """Over every rate's evidence pooled: (share of the decode server's prompt tokens that arrived through
-    the KV connector, NIXL bandwidth in GB/s = all bytes moved ÷ all transfer time ÷ 1e9)."""
+    """Over every rate's evidence pooled: (KV bytes that crossed the wire per token loaded through the
+    connector, NIXL bandwidth in GB/s = all bytes moved ÷ all transfer time ÷ 1e9)."""
     runs = list(evidence.values())
-    prompt = sum(ev.prompt_tokens for ev in runs)
+    tokens = sum(ev.external_kv_tokens for ev in runs)
     seconds = sum(ev.nixl_xfer_time_s for ev in runs)
-    share = sum(ev.external_kv_tokens for ev in runs) / prompt if prompt else float("nan")
-    gb_per_s = sum(ev.nixl_bytes for ev in runs) / seconds / 1e9 if seconds else float("nan")
-    return share, gb_per_s
+    moved = sum(ev.nixl_bytes for ev in runs)
+    return (moved / tokens if tokens else float("nan")), (moved / seconds / 1e9 if seconds else float("nan"))
 
 
 def check_kv_transfer_totals(value, evidence: Mapping[float, KVTransferEvidence]) -> CheckResult:
-    """Exercise 2: ``(share, gb_per_s)`` over all rates pooled (:func:`kv_transfer_totals`). A rate's own
-    figure, or the mean of the rates' figures, weighs the rates wrongly and fails; GB is 1e9 bytes."""
+    """Exercise 2: ``(bytes_per_token, gb_per_s)`` over all rates pooled (:func:`kv_transfer_totals`). A
+    rate's own figure, or the mean of the rates' figures, weighs the rates wrongly and fails; GB is 1e9 bytes."""
     name = "Exercise 2"
     expected = kv_transfer_totals(evidence)
     for x in expected:
         record_expected(name, float(x), "measured")
     if value is None or (isinstance(value, tuple | list) and all(v is None for v in value)):
-        return report(CheckResult(name, NOT_ATTEMPTED, "set kv_share and kv_gb_per_s and run the cell"))
+        return report(CheckResult(name, NOT_ATTEMPTED, "set kv_bytes_per_token and kv_gb_per_s and run the cell"))
     try:
         got = tuple(float(v) for v in value)
     except (TypeError, ValueError):
-        return report(CheckResult(name, FAILED, f"expected a pair of numbers (share, GB/s), got {value!r}"))
+        return report(CheckResult(name, FAILED, f"expected a pair of numbers (bytes per token, GB/s), got {value!r}"))
     if len(got) != 2:
-        return report(CheckResult(name, FAILED, f"expected a pair of numbers (share, GB/s), got {len(got)} values"))
-    labels = ("share through the connector", "bandwidth (GB/s)")
+        return report(CheckResult(name, FAILED, f"expected a pair of numbers (bytes per token, GB/s), got {len(got)} values"))
+    labels = ("bytes per transferred token", "bandwidth (GB/s)")
     wrong = [f"{label}: got {g:,.6g}" for label, g, e in zip(labels, got, expected, strict=True)
              if not math.isclose(g, e, rel_tol=1e-6)]
     if not wrong:
-        return report(CheckResult(name, PASSED, f"share {got[0]:.4f}, {got[1]:.4g} GB/s (exact)"))
+        return report(CheckResult(name, PASSED, f"{got[0]:,.1f} bytes per token, {got[1]:.4g} GB/s (exact)"))
     return report(CheckResult(name, FAILED, "; ".join(wrong) + ". Pool the rates: add up each quantity over every "
-                              "rate's evidence first, then divide once (tokens through the connector ÷ prompt "
-                              "tokens; bytes ÷ transfer seconds ÷ 1e9)."))
+                              "rate's evidence first, then divide once (NIXL bytes ÷ tokens loaded through the "
+                              "connector; NIXL bytes ÷ transfer seconds ÷ 1e9)."))
