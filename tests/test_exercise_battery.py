@@ -325,8 +325,6 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
          "a static 50/50 split": 0.5})
 
     # ---- lab01
-    add(lab01.check_tpot_from_record, (rec,), (rec.finish_s - rec.first_token_s) / (rec.output_tokens - 1),
-        {"n instead of n − 1": (rec.finish_s - rec.first_token_s) / rec.output_tokens})
     ev = KVTransferEvidence(requests=4, prompt_tokens=4000, external_kv_tokens=3936, local_compute_tokens=64,
                             local_cache_hit_tokens=0, nixl_transfers=4, nixl_bytes=1e6, nixl_xfer_time_s=0.01,
                             nixl_failed_transfers=0)

@@ -9,14 +9,7 @@ from pdlab.exercises import FAILED, NOT_ATTEMPTED, PASSED, CheckResult, check_cl
 from pdlab.metrics import RequestRecord
 from pdlab.serve.measure.evidence import KVTransferEvidence
 
-__all__ = ["check_tpot_from_record", "check_short_request_tpot_us", "kv_transfer_totals", "check_kv_transfer_totals"]
-
-
-def check_tpot_from_record(value, record: RequestRecord) -> CheckResult:
-    """Exercise 1: TPOT = (finish − first token) / (output tokens − 1), as ``vllm bench serve``."""
-    expected = (record.finish_s - record.first_token_s) / (record.output_tokens - 1)
-    return check_close("Exercise 1", value, expected, rel_tol=1e-6, unit="s", measured=True,
-                       hint="TPOT leaves out the first token: divide the time after it by output tokens − 1.")
+__all__ = ["check_short_request_tpot_us", "kv_transfer_totals", "check_kv_transfer_totals"]
 
 
 def check_short_request_tpot_us(value, records: Sequence[RequestRecord], long_prompt: int) -> CheckResult:
