@@ -1,16 +1,14 @@
 """Deployments: one colocated vLLM server, N colocated replicas behind vllm-router, or xPyD
 prefill/decode servers behind the proxy.
 
-Both are context managers that start everything, wait for health, and stop every process on
+Each is a context manager that starts everything, waits for health, and stops every process on
 every path (normal exit, exception, Ctrl-C; ``atexit`` and SIGTERM through
 :mod:`pdlab.process`). Servers of a deployment start in parallel (start-up dominates).
 
-Same hardware budget both ways, as the labs compare them:
-
-- CPU (2 cores): colocated on cores ``"0-1"`` vs prefill on core ``"0"`` + decode on core ``"1"``;
-- GPU: colocated on GPUs ``"0,1"`` (tensor parallel 2) vs prefill on ``"0"`` + decode on ``"1"``;
-- either: two colocated replicas, one per core / GPU, behind ``vllm-router`` in plain round-robin
-  mode (:func:`colocated_replicas`), vs prefill on the first + decode on the second.
+The same hardware used two ways, as lab 01 compares them: two colocated replicas, one per core / GPU,
+behind ``vllm-router`` in plain round-robin mode (:func:`colocated_replicas`), vs prefill on core / GPU
+``"0"`` + decode on ``"1"`` (:func:`disaggregated`). :func:`colocated` alone defaults to the whole
+budget (cores ``"0-1"``, or GPUs ``"0,1"`` with tensor parallel 2).
 """
 
 from __future__ import annotations
