@@ -6,8 +6,8 @@ live run's blocks do, the prediction's error is partly the probe's. This script 
 engine as lab 05 does (one colocated vLLM server, with its API server, on core 0 of a CPU host),
 runs lab 05's probe plan twice in a row (:func:`pdlab.simreal.probes.calibrate`, the plan of
 ``--profile`` without the pair-only admission probe), then, with ``--link``, starts the pair and
-probes the hand-off twice (fitted beside the first engine calibration,
-:func:`pdlab.simreal.predict.with_link`). It prints the two calibrations coefficient by
+probes the hand-off twice (each fitted beside its own engine calibration,
+:func:`pdlab.simreal.predict.with_link`, as lab 05 fits it). It prints the two calibrations coefficient by
 coefficient (:func:`pdlab.simreal.compare.calibration_differences`): each coefficient, the times
 the rows give, and the relative difference. Where lab 05 has run at the same profile
 (``build/lab05/<profile>/verdict.json``), its block scatter is printed beside them.
@@ -56,7 +56,7 @@ def main() -> None:
     if not args.no_link:
         with disaggregated(tiny_model_dir(), ports=DeployPorts.free(), **server_kw) as dep:
             cals = [with_link(c, probe_handoff(dep.url, plan.handoff_lengths, repeats=plan.repeats, seed=args.seed))
-                    for c in (cals[0], cals[0])]
+                    for c in cals]
     rows = calibration_differences(*cals)
     table = pd.DataFrame(rows).set_index("coefficient")
     with pd.option_context("display.width", 140, "display.float_format", "{:.4g}".format):
