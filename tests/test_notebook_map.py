@@ -42,8 +42,9 @@ def render_map() -> str:
     out += [f"| `{stem}` | {', '.join(_short(m) for m in mods)} |" for stem, mods in rows]
     home: dict[str, list[str]] = {}
     for stem, mods in rows:
-        for m in mods:
-            home.setdefault(m, []).append(stem.split("_")[0])
+        for m in mods:   # a chapter and its appendix count once
+            if stem.split("_")[0] not in home.setdefault(m, []):
+                home[m].append(stem.split("_")[0])
     out += ["", "| module | home chapter (first to import it) | also imported by |", "|---|---|---|"]
     out += [f"| {_short(m)} | {users[0]} | {', '.join(users[1:]) or '—'} |"
             for m, users in sorted(home.items()) if not m.startswith("pdlab.exercises.")]

@@ -45,7 +45,8 @@ SECTIONS = ("notebooks", "labs")
 #: Optional appendices, by stem → the profile ``make test`` runs their solution at. No core unit needs
 #: them: they are not in :data:`COURSE_MAP`, and ``make run`` (``pdlab course run`` without ``--only``)
 #: leaves them out; ``--only`` that names one runs it.
-APPENDICES: dict[str, str] = {"lab01_appendix_front_doors": "smoke"}
+APPENDICES: dict[str, str] = {"lab01_appendix_front_doors": "smoke",
+                              "07_appendix_connectors_and_cacheblend": "smoke"}
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _EXERCISE_RE = re.compile(r"#\s*Exercise\s+([\w.]+)\s*[:.-]?\s*(.*)")
 _HEADER = ("> **Generated file — do not edit.** This student copy is generated from "

@@ -242,11 +242,7 @@ class _Dispatch(DispatchPolicy):
         self.conductor = conductor
 
     def choose(self, instances: Sequence[Any], request: SimRequest, now: float) -> int:
-        c = self.conductor
-        c._now = now
-        c._sample_until(now)
-        c.pending = (request.req, c.place(request.req, now))
-        return c.pending[1].instance
+        return self.conductor.dispatch(request.req, now)
 
 
 class _DecodeDispatch(DispatchPolicy):
@@ -273,18 +269,14 @@ class _Admission:
         self.clock = lambda: 0.0
 
     def decide(self, prompt_tokens: int, output_tokens: int = 0) -> _Verdict:
-        c = self.conductor
-        req, choice = c.pending
-        reason = c._rejection_on_arrival(req, choice, self.clock())
-        if reason:
-            c._window[1] += 1
+        reason = self.conductor.judge(self.clock())
         return _Verdict(not reason, reason)
 
     def start(self, key: str, prompt_tokens: int) -> None:
-        self.conductor._commit(self.clock())
+        self.conductor.commit(self.clock())
 
     def done(self, key: str) -> None:
-        self.conductor._in_prefill.pop(key, None)
+        self.conductor.prefill_ended(key)
 
 
 class _Simulator(Simulator):
@@ -298,14 +290,13 @@ class _Simulator(Simulator):
 
     def prefill_done(self, src: Any, r: SimRequest, now: float) -> None:
         c = self.conductor
-        c._now = now
-        c._sample_until(now)
+        c.advance(now)
         k = self.decode_dispatch.choose(self.decode, r, now)
         n, ctx_now = _decode_state(self.decode[k])
         ctx = r.prompt + 1
         step = c.cluster.decode.step_time_s(n + 1, ctx_now + ctx)
         key = str(r.req.request_id)
-        extra = c._extra[key]
+        extra = c.extra_of(key)
         extra["decode_load_at_join"] = step / c.cluster.tbt_slo_s
         if c.admission != "none" and (step > c.cluster.tbt_slo_s or
                                       ctx_now + ctx + r.output > c.cluster.decode.kv_capacity_tokens):
@@ -316,14 +307,11 @@ class _Simulator(Simulator):
             self.on_request_finished(r, now)
             return
         extra["decode_instance"] = f"D{k}"
-        c._joined[key] = now
+        c.join_decode(key, now)
         super().prefill_done(src, r, now)
 
     def on_request_finished(self, r: SimRequest, now: float) -> None:
-        c = self.conductor
-        joined = c._joined.pop(str(r.req.request_id), None)
-        if joined is not None and r.finish is not None:
-            c._observe(decode_s=now - joined)
+        self.conductor.leave_decode(str(r.req.request_id), now, finished=r.finish is not None)
         super().on_request_finished(r, now)
 
 
@@ -546,7 +534,48 @@ class Conductor:
             return "predicted decode load"
         return ""
 
-    def _commit(self, now: float) -> None:
+    # -- the simulator's hooks call these (the Conductor's view, as events happen) -----------------
+    def advance(self, now: float) -> None:
+        """The Conductor's clock moves to ``now`` (seconds), taking the load samples due up to then."""
+        self._now = now
+        self._sample_until(now)
+
+    def dispatch(self, req: Any, now: float) -> int:
+        """A request arrives at ``now``: choose its prefill instance (:meth:`place`) and hold the choice
+        as ``pending`` for the admission rule; return that instance's index."""
+        self.advance(now)
+        self.pending = (req, self.place(req, now))
+        return self.pending[1].instance
+
+    def judge(self, now: float) -> str:
+        """Why the admission rule turns the ``pending`` request away on arrival ("" to accept it); a
+        refusal counts in the current sampling window."""
+        req, choice = self.pending
+        reason = self._rejection_on_arrival(req, choice, now)
+        if reason:
+            self._window[1] += 1
+        return reason
+
+    def prefill_ended(self, key: str) -> None:
+        """Request ``key``'s prefill left its node: it no longer counts as arriving in decode."""
+        self._in_prefill.pop(key, None)
+
+    def extra_of(self, key: str) -> dict[str, Any]:
+        """The record fields (``extra``) the Conductor keeps for request ``key``, updated in place."""
+        return self._extra[key]
+
+    def join_decode(self, key: str, now: float) -> None:
+        """Request ``key`` joins a decode instance at ``now`` (seconds)."""
+        self._joined[key] = now
+
+    def leave_decode(self, key: str, now: float, *, finished: bool) -> None:
+        """Request ``key`` leaves the system at ``now``; one that decoded to the end teaches the mean
+        time in decode."""
+        joined = self._joined.pop(key, None)
+        if joined is not None and finished:
+            self._observe(decode_s=now - joined)
+
+    def commit(self, now: float) -> None:
         """The pending request is admitted: its prefill joins the chosen node's queue (the Conductor's
         prediction), its blocks that node's cache, and a fetched prefix lands in that node's DRAM."""
         r, p = self.pending
