@@ -275,17 +275,17 @@ def _proxy_slowdown(proxy_url: str) -> float:
     return float(state["slowdown"]) if state.get("enabled") else float("nan")
 
 
-def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, load_x: float, rate_rps: float,
-                 model: PrefillModel, handoff_s: float, seed: int = 0, request_timeout_s: float = 120.0,
-                 server_prompt_tokens: Mapping[int, int] | None = None, headroom: float = 1.0,
-                 engine_slowdown: float = 1.0) -> tuple[OverloadRow, list[RequestRecord]]:
+def overload_run(dep, requests: Sequence[Request], slo: SLO, admission: AdmissionSettings, *, design: str,
+                 load_x: float, rate_rps: float, seed: int = 0, request_timeout_s: float = 120.0,
+                 server_prompt_tokens: Mapping[int, int] | None = None) -> tuple[OverloadRow, list[RequestRecord]]:
     """Send ``requests`` (arrival times from 0) through ``dep``'s proxy and measure one :class:`OverloadRow`.
 
-    ``model``/``handoff_s``/``headroom``: the admission's settings. The same arrivals and prompt lengths
+    ``admission``: the admission's settings (its ``model``, ``handoff_s`` and ``headroom``; the proxy was
+    started with them, or without admission). The same arrivals and prompt lengths
     (``server_prompt_tokens``: request id → the server's prompt length, when the client's differs) go
     through :func:`simulate_admission`: a fresh :class:`TTFTAdmission` with those settings (and the
-    proxy's defaults) as the simulator's admission hook, on a prefill engine ``engine_slowdown`` × slower
-    than the fit (the calibration's loaded engine); with ``design`` ``"engine state"`` it reads the
+    proxy's defaults) as the simulator's admission hook, on a prefill engine ``admission.engine_slowdown``
+    × slower than the fit (the calibration's loaded engine); with ``design`` ``"engine state"`` it reads the
     simulated engines' state every 0.5 s, as the proxy's poller reads ``/metrics``. Nothing the proxy
     measured or learned during the run goes in.
     """
@@ -306,6 +306,7 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
     admitted = [r for r in recs if r.request_id not in rejected]
     tokens = [int((server_prompt_tokens or {}).get(r.request_id, r.prompt_tokens)) for r in requests]
     arrivals = [r.arrival_s for r in requests]
+    model, handoff_s, headroom = admission.model, admission.handoff_s, admission.headroom
     flags = replay_admission(arrivals, tokens, model, slo.ttft_s, handoff_s, headroom=headroom)
     slowdown = _proxy_slowdown(dep.url)
     if slowdown != slowdown:  # admission off: the proxy admits everything
@@ -316,7 +317,7 @@ def overload_run(dep, requests: Sequence[Request], slo: SLO, *, design: str, loa
             return simulate_admission(arrivals, tokens, policy, engine_slowdown=engine_x,
                                       poll_s=0.5 if design == "engine state" else None).admitted()
 
-        learned, nudged = replay(engine_slowdown), replay(1.02 * engine_slowdown)
+        learned, nudged = replay(admission.engine_slowdown), replay(1.02 * admission.engine_slowdown)
     agreement = _agreement(learned, [r.request_id not in rejected for r in requests])
     ok_admitted = [r for r in admitted if r.ok]
     ttft_p90 = percentiles([r.ttft_s for r in ok_admitted], [90])["p90"]
@@ -443,10 +444,8 @@ def overload_matrix(dep, workload: Callable[[float, int], list[Request]], slo: S
             order = list(designs[i % len(designs):]) + list(designs[:i % len(designs)])
             for k, design in enumerate(order):
                 dep.restart_proxy(args[design])
-                out.append(overload_run(dep, requests, slo, design=design, load_x=x, rate_rps=rate,
-                                        model=admission.model, handoff_s=admission.handoff_s,
-                                        seed=seed + len(designs) * i + k, request_timeout_s=request_timeout_s,
-                                        headroom=admission.headroom, engine_slowdown=admission.engine_slowdown))
+                out.append(overload_run(dep, requests, slo, admission, design=design, load_x=x, rate_rps=rate,
+                                        seed=seed + len(designs) * i + k, request_timeout_s=request_timeout_s))
     finally:
         dep.restart_proxy()
     return out
