@@ -218,11 +218,19 @@ def _cases() -> list[Case]:  # noqa: PLR0915 — one flat list is easier to audi
          "GiB/s": layer_bytes / lo / 2**30, "Gbit/s": 8 * layer_bytes / lo / 1e9})
 
     # ---- nb04
+    # Exercise 1: a stream sent at 2.0 s whose 4 chunks carry 1, 3, 2 and 4 tokens (10 tokens, 3 gaps)
+    sent, chunks = 2.0, [(2.3, 1), (2.36, 3), (2.4, 2), (2.51, 4)]
+    add(nb04.check_stream_tpot, (sent, chunks), (2.51 - 2.3) / 9,
+        {"chunks counted as tokens (mean ITL)": (2.51 - 2.3) / 3, "n instead of n − 1": (2.51 - 2.3) / 10,
+         "E2E over tokens": (2.51 - 2.0) / 10, "E2E over n − 1": (2.51 - 2.0) / 9,
+         "first chunk's tokens left out": (2.51 - 2.3) / 8, "milliseconds": (2.51 - 2.3) / 9 * 1e3})
+    with pytest.raises(ValueError, match="one output token"):
+        nb04.check_stream_tpot(0.1, 0.0, [(0.2, 1)])
+    with pytest.raises(ValueError, match="at least one token"):
+        nb04.check_stream_tpot(0.1, 0.0, [(0.2, 1), (0.3, 0)])
+    with pytest.raises(ValueError, match="chunk times"):
+        nb04.check_stream_tpot(0.1, 0.0, [(0.3, 1), (0.2, 2)])
     recs = _records()
-    rec = next(r for r in recs if r.ok and r.output_tokens == 5)
-    add(nb04.check_tpot, (rec,), (rec.finish_s - rec.first_token_s) / (rec.output_tokens - 1),
-        {"n instead of n − 1": (rec.finish_s - rec.first_token_s) / rec.output_tokens,
-         "E2E over n": (rec.finish_s - rec.arrival_s) / rec.output_tokens})
     meets = [r for r in recs if r.ok and r.ttft_s <= 0.3 and (r.tpot_s or 0) <= 0.06]
     ttft_only = [r for r in recs if r.ok and r.ttft_s <= 0.3]
     assert 0 < len(meets) < len(ttft_only), "battery records must separate the two SLOs"

@@ -8,14 +8,36 @@ from collections.abc import Sequence
 from pdlab.exercises import CheckResult, check_close
 from pdlab.metrics import RequestRecord
 
-__all__ = ["check_tpot", "check_tightest_ttft_slo", "check_interpolated_goodput", "tightest_ttft_slo_s",
-           "interpolated_goodput_rps"]
+__all__ = ["stream_tpot_s", "check_stream_tpot", "check_tightest_ttft_slo", "check_interpolated_goodput",
+           "tightest_ttft_slo_s", "interpolated_goodput_rps"]
 
 
-def check_tpot(value, record: RequestRecord) -> CheckResult:
-    """Exercise 1: TPOT of one record, computed by hand from its times."""
-    return check_close("Exercise 1", value, record.tpot_s, rel_tol=1e-6, unit="s",
-                       hint="TPOT = (E2E − TTFT) / (output tokens − 1): the first token is excluded.")
+def stream_tpot_s(sent_s: float, chunks: Sequence[tuple[float, int]]) -> float:
+    """TPOT (s) of one streamed request as ``vllm bench serve`` computes it: (E2E − TTFT) / (output
+    tokens − 1), E2E ending at the last chunk, the tokens counted over every chunk (a chunk may carry
+    several), not the chunks. ``chunks``: (arrival time s, output tokens it carries) per chunk, in order,
+    on the clock of ``sent_s``."""
+    if not chunks:
+        raise ValueError("a stream needs at least one chunk")
+    times = [float(t) for t, _ in chunks]
+    tokens = [int(n) for _, n in chunks]
+    if min(tokens) < 1:
+        raise ValueError(f"every chunk carries at least one token, got {tokens}")
+    if times[0] < sent_s or any(b < a for a, b in zip(times, times[1:], strict=False)):
+        raise ValueError("chunk times must follow the send time and each other")
+    total = sum(tokens)
+    if total < 2:
+        raise ValueError("a stream of one output token has no TPOT")
+    ttft, e2e = times[0] - sent_s, times[-1] - sent_s
+    return (e2e - ttft) / (total - 1)
+
+
+def check_stream_tpot(value, sent_s: float, chunks: Sequence[tuple[float, int]]) -> CheckResult:
+    """Exercise 1: TPOT of a stream whose chunks carry several tokens (see :func:`stream_tpot_s`)."""
+    expected = stream_tpot_s(sent_s, chunks)
+    return check_close("Exercise 1", value, expected, rel_tol=1e-6, unit="s",
+                       hint="TPOT = (E2E − TTFT) / (output tokens − 1): E2E ends at the last chunk, and the "
+                            "tokens are those the chunks carry, not the number of chunks.")
 
 
 def tightest_ttft_slo_s(records: Sequence[RequestRecord], slo_tpot_s: float, goal: float = 0.9) -> float:
