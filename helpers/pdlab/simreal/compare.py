@@ -30,7 +30,7 @@ from pdlab.simreal.calibration import Calibration
 from pdlab.simreal.replay import replay, replay_pairs, requests_from_records
 from pdlab.workloads import Request
 
-__all__ = ["ERROR_COLUMNS", "compare_runs", "paired_error", "error_table", "rate_for_load",
+__all__ = ["ErrorRows", "ERROR_COLUMNS", "compare_runs", "paired_error", "error_table", "rate_for_load",
            "median_error", "HeldOut", "heldout_validation", "HostFloor", "host_floor", "block_log_ratios", "perfect_model_chance",
            "perfect_prediction_chance", "prediction_floor", "calibration_differences"]
 
@@ -132,8 +132,45 @@ def median_error(live: Sequence[RequestRecord], sim: Sequence[RequestRecord], me
     return err, float(lo), float(hi)
 
 
+class ErrorRows:
+    """Mean absolute errors over ``rows`` (each with ``ttft_p50_err``, ``tpot_p50_err`` and
+    ``paired_ttft_err``, fractions (sim − live) / live), shared by :class:`HeldOut` and
+    :class:`pdlab.simreal.predict.PredictionErrors`."""
+
+    rows: tuple[Mapping[str, Any], ...]
+
+    def _mean_abs(self, key: str) -> float:
+        vals = [abs(r[key]) for r in self.rows if math.isfinite(r[key])]
+        return float(np.mean(vals)) if vals else math.nan
+
+    @property
+    def ttft_mae(self) -> float:
+        """Mean |error| of the median TTFT over the rows (fraction)."""
+        return self._mean_abs("ttft_p50_err")
+
+    @property
+    def tpot_mae(self) -> float:
+        """Mean |error| of the median TPOT over the rows (fraction)."""
+        return self._mean_abs("tpot_p50_err")
+
+    @property
+    def paired_ttft_mae(self) -> float:
+        """Mean |median per-request TTFT error| over the rows (fraction)."""
+        return self._mean_abs("paired_ttft_err")
+
+    def met(self, bar: float = 0.10) -> bool:
+        """Whether both mean absolute errors (median TTFT and TPOT) are <= ``bar``."""
+        return self.ttft_mae <= bar and self.tpot_mae <= bar
+
+    def table(self):
+        """The rows as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(list(self.rows))
+
+
 @dataclass(frozen=True)
-class HeldOut:
+class HeldOut(ErrorRows):
     """Held-out predictions of one set-up (:func:`heldout_validation`).
 
     ``mode``: the set-up. ``fits``: the calibration fitted on each rate (req/s → record).
@@ -146,34 +183,6 @@ class HeldOut:
     fits: Mapping[float, Calibration]
     rows: tuple[Mapping[str, Any], ...]
 
-    def _mean_abs(self, key: str) -> float:
-        vals = [abs(r[key]) for r in self.rows if math.isfinite(r[key])]
-        return float(np.mean(vals)) if vals else math.nan
-
-    @property
-    def ttft_mae(self) -> float:
-        """Mean |error| of the median TTFT over every held-out prediction (fraction)."""
-        return self._mean_abs("ttft_p50_err")
-
-    @property
-    def tpot_mae(self) -> float:
-        """Mean |error| of the median TPOT over every held-out prediction (fraction)."""
-        return self._mean_abs("tpot_p50_err")
-
-    @property
-    def paired_ttft_mae(self) -> float:
-        """Mean |median per-request TTFT error| over every held-out prediction (fraction)."""
-        return self._mean_abs("paired_ttft_err")
-
-    def met(self, bar: float = 0.10) -> bool:
-        """Whether both held-out mean absolute errors (median TTFT and TPOT) are <= ``bar``."""
-        return self.ttft_mae <= bar and self.tpot_mae <= bar
-
-    def table(self):
-        """The rows as a pandas DataFrame."""
-        import pandas as pd
-
-        return pd.DataFrame(list(self.rows))
 
 
 def heldout_validation(probe: Calibration, live: Mapping[float, Sequence[RequestRecord]], mode: str, *,

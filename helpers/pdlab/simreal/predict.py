@@ -26,7 +26,7 @@ import numpy as np
 
 from pdlab.metrics import SLO, RequestRecord, goodput_rps
 from pdlab.simreal.calibration import Calibration
-from pdlab.simreal.compare import median_error, paired_error
+from pdlab.simreal.compare import ErrorRows, median_error, paired_error
 from pdlab.simreal.replay import Deployment, replay
 from pdlab.workloads import Request
 
@@ -98,7 +98,7 @@ def _pooled(parts: Sequence[Sequence[RequestRecord]]) -> list[RequestRecord]:
 
 
 @dataclass(frozen=True)
-class PredictionErrors:
+class PredictionErrors(ErrorRows):
     """How far one deployment's predictions are from its live run (:func:`prediction_errors`).
 
     ``rows``: one per rate: ``rate_rps``, ``requests``, ``ttft_p50_err``, ``tpot_p50_err`` (the
@@ -107,35 +107,6 @@ class PredictionErrors:
     """
 
     rows: tuple[Mapping[str, Any], ...]
-
-    def _mean_abs(self, key: str) -> float:
-        vals = [abs(r[key]) for r in self.rows if math.isfinite(r[key])]
-        return float(np.mean(vals)) if vals else math.nan
-
-    @property
-    def ttft_mae(self) -> float:
-        """Mean |error| of the median TTFT over the rates (fraction)."""
-        return self._mean_abs("ttft_p50_err")
-
-    @property
-    def tpot_mae(self) -> float:
-        """Mean |error| of the median TPOT over the rates (fraction)."""
-        return self._mean_abs("tpot_p50_err")
-
-    @property
-    def paired_ttft_mae(self) -> float:
-        """Mean |median per-request TTFT error| over the rates (fraction)."""
-        return self._mean_abs("paired_ttft_err")
-
-    def met(self, bar: float = 0.10) -> bool:
-        """Whether both MAEs (median TTFT and TPOT) are <= ``bar``."""
-        return self.ttft_mae <= bar and self.tpot_mae <= bar
-
-    def table(self):
-        """The rows as a pandas DataFrame."""
-        import pandas as pd
-
-        return pd.DataFrame(list(self.rows))
 
 
 def prediction_errors(predicted: Mapping[float, Sequence[Sequence[RequestRecord]]],
