@@ -149,7 +149,7 @@ def probe_contention(prefill_url: str, decode_url: str, *, prompt_tokens: int = 
     prefill in its first second or two (c_p 0.21 half a second after it was sent, 0.00 after 2.5 s),
     so streams that keep starting, as a workload's do, slow it steadily (0.21–0.33 by run), and the
     old background of 16 streams at once landed in either of its phases (0.03–0.85):
-    ``benchmarks/contention_phase.py``.
+    ``notes/sim-to-real/contention_phase.py``.
     """
     def prefills(tag: int) -> float:
         reqs = [Request(i, 0.0, int(prompt_tokens), 1) for i in range(repeats)]

@@ -248,7 +248,7 @@ class Deployment:
         engine on ``"0"``, front end and client on core 1 of a 2-core machine); each gets its own
         affinity back afterwards. On the course's 2-core VM an engine whose OpenMP threads span both
         cores has two step levels about 2× apart; one engine thread on a core of its own has one
-        (benchmarks/colocated_step_modes.py, lab 05, issue 26).
+        (notes/host/colocated_step_modes.py, lab 05).
         """
         if self.kind != "colocated" or any(s.spec.resolved_device() != "cpu" or not s.spec.cores
                                            for s in self.servers):

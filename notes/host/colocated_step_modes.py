@@ -19,7 +19,7 @@ For each layout it prints the token gaps per 1-s window (median, and how many wi
 windows. If A's slow windows are where the API server and the client take CPU and B's steps are
 one level, the two levels are the engine's threads waiting for cores its co-runners hold.
 
-    .venv/bin/python benchmarks/colocated_step_modes.py [--rate 3.0] [--requests 60]
+    .venv/bin/python notes/host/colocated_step_modes.py [--rate 3.0] [--requests 60]
 
 Prints figures; not a test. Starts and stops its own servers (nothing is left running).
 """

@@ -10,7 +10,7 @@ rounds, and prints each arm's median TTFT and TPOT with the 90% bootstrap interv
 (sampled ÷ greedy). Blocks alternate because the machine's speed moves from one 5-s window to the
 next (``benchmarks/machine_steadiness.py``).
 
-    .venv/bin/python benchmarks/sampling_cost.py [--rounds 6] [--block 8] [--prompt 128] [--output 16]
+    .venv/bin/python notes/host/sampling_cost.py [--rounds 6] [--block 8] [--prompt 128] [--output 16]
 
 Prints figures; not a test. Starts and stops its own server (nothing is left running).
 """

@@ -16,7 +16,7 @@ worker's CPU in the seconds after the last request (the spin's tail: about 1 s, 
 Read the worker's column against the last two: CPU well above the work and near 1 − e^(−λ) is the
 spin, not the model.
 
-    .venv/bin/python benchmarks/worker_spin.py [--rates 0.25 0.5 1 2 4] [--seconds 12]
+    .venv/bin/python notes/host/worker_spin.py [--rates 0.25 0.5 1 2 4] [--seconds 12]
 
 Prints figures; not a test. Starts and stops its own server (nothing is left running).
 """
