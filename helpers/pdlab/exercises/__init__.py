@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CheckResult", "check_close", "check_true", "report", "strict_mode", "record_expected", "PASSED",
+__all__ = ["CheckResult", "check_close", "check_pair", "check_true", "report", "strict_mode", "record_expected", "PASSED",
            "FAILED", "NOT_ATTEMPTED", "EXPECTED_LOG_ENV"]
 
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
@@ -94,6 +94,29 @@ def check_close(exercise: str, value: Any, expected: float, *, rel_tol: float = 
         return report(CheckResult(exercise, PASSED, f"{got:,.6g} {unit} ({within})"))
     msg = f"got {got:,.6g} {unit}, not within {rel_tol * 100:g}% of the expected value."
     return report(CheckResult(exercise, FAILED, f"{msg} {hint}".strip()))
+
+
+def check_pair(exercise: str, value: Any, expected: tuple[float, float], *, labels: tuple[str, str], pair: str,
+               variables: str, passed: str, hint: str, fmt: str = ",.6g", abs_tol: float = 0.0) -> CheckResult:
+    """Check a pair of numbers, each within 1e-6 relative (``abs_tol`` absolute) of ``expected``, a
+    statistic of a live run (recorded as measured). ``labels`` name each number in a failure, ``pair``
+    names both in a type error, ``variables`` the answer variables; ``passed`` is the message on
+    success, formatted with the two numbers (``"{0:.1f} … {1:.4g}"``), and ``hint`` follows a failure."""
+    for x in expected:
+        record_expected(exercise, float(x), "measured")
+    if value is None or (isinstance(value, tuple | list) and all(v is None for v in value)):
+        return report(CheckResult(exercise, NOT_ATTEMPTED, f"set {variables} and run the cell"))
+    try:
+        got = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        return report(CheckResult(exercise, FAILED, f"expected a pair of numbers ({pair}), got {value!r}"))
+    if len(got) != 2:
+        return report(CheckResult(exercise, FAILED, f"expected a pair of numbers ({pair}), got {len(got)} values"))
+    wrong = [f"{label}: got {g:{fmt}}" for label, g, e in zip(labels, got, expected, strict=True)
+             if not math.isclose(g, e, rel_tol=1e-6, abs_tol=abs_tol)]
+    if not wrong:
+        return report(CheckResult(exercise, PASSED, passed.format(*got)))
+    return report(CheckResult(exercise, FAILED, "; ".join(wrong) + ". " + hint))
 
 
 def check_true(exercise: str, value: Any, ok: bool, *, good: str, bad: str,

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
-from pdlab.exercises import FAILED, NOT_ATTEMPTED, PASSED, CheckResult, check_close, record_expected, report
+from pdlab.exercises import CheckResult, check_close, check_pair
 from pdlab.metrics import RequestRecord
 from pdlab.serve.measure.evidence import KVTransferEvidence
 
@@ -42,21 +41,8 @@ def check_kv_transfer_totals(value, evidence: Mapping[float, KVTransferEvidence]
     rate's own figure, or the mean of the rates' figures, weighs the rates wrongly and fails; GB is 1e9 bytes."""
     name = "Exercise 2"
     expected = kv_transfer_totals(evidence)
-    for x in expected:
-        record_expected(name, float(x), "measured")
-    if value is None or (isinstance(value, tuple | list) and all(v is None for v in value)):
-        return report(CheckResult(name, NOT_ATTEMPTED, "set kv_bytes_per_token and kv_gb_per_s and run the cell"))
-    try:
-        got = tuple(float(v) for v in value)
-    except (TypeError, ValueError):
-        return report(CheckResult(name, FAILED, f"expected a pair of numbers (bytes per token, GB/s), got {value!r}"))
-    if len(got) != 2:
-        return report(CheckResult(name, FAILED, f"expected a pair of numbers (bytes per token, GB/s), got {len(got)} values"))
-    labels = ("bytes per transferred token", "bandwidth (GB/s)")
-    wrong = [f"{label}: got {g:,.6g}" for label, g, e in zip(labels, got, expected, strict=True)
-             if not math.isclose(g, e, rel_tol=1e-6)]
-    if not wrong:
-        return report(CheckResult(name, PASSED, f"{got[0]:,.1f} bytes per token, {got[1]:.4g} GB/s (exact)"))
-    return report(CheckResult(name, FAILED, "; ".join(wrong) + ". Pool the rates: add up each quantity over every "
-                              "rate's evidence first, then divide once (NIXL bytes ÷ tokens loaded through the "
-                              "connector; NIXL bytes ÷ transfer seconds ÷ 1e9)."))
+    return check_pair(name, value, expected, labels=("bytes per transferred token", "bandwidth (GB/s)"),
+                      pair="bytes per token, GB/s", variables="kv_bytes_per_token and kv_gb_per_s",
+                      passed="{0:,.1f} bytes per token, {1:.4g} GB/s (exact)",
+                      hint="Pool the rates: add up each quantity over every rate's evidence first, then divide once "
+                           "(NIXL bytes ÷ tokens loaded through the connector; NIXL bytes ÷ transfer seconds ÷ 1e9).")

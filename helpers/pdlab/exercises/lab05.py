@@ -3,13 +3,12 @@ computed from the lab's own calibration and live records."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from pdlab.exercises import FAILED, NOT_ATTEMPTED, PASSED, CheckResult, check_close, record_expected, report
+from pdlab.exercises import CheckResult, check_close, check_pair
 from pdlab.metrics import RequestRecord, ttft_s
 from pdlab.simreal import Calibration, replay
 from pdlab.simreal.replay import Deployment
@@ -61,25 +60,12 @@ def check_one_block_judgement(value, calibration: Calibration, block: Sequence[R
     each within 1e-6; the verdict (within or beyond the floor) is printed, not asked."""
     name = "Exercise 2"
     expected = one_block_judgement(calibration, block, deployment, live_blocks, **sim_options)
-    for x in expected:
-        record_expected(name, float(x), "measured")
-    if value is None or (isinstance(value, tuple | list) and all(v is None for v in value)):
-        return report(CheckResult(name, NOT_ATTEMPTED, "set prediction_error and block_floor and run the cell"))
-    try:
-        got = tuple(float(v) for v in value)
-    except (TypeError, ValueError):
-        return report(CheckResult(name, FAILED, f"expected a pair of numbers (error, floor), got {value!r}"))
-    if len(got) != 2:
-        return report(CheckResult(name, FAILED, f"expected a pair of numbers (error, floor), got {len(got)} values"))
-    labels = ("prediction error", "floor of one block")
-    wrong = [f"{label}: got {g:+.6g}" for label, g, e in zip(labels, got, expected, strict=True)
-             if not math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-12)]
-    if not wrong:
-        err, floor = expected
-        verdict = "within" if abs(err) <= floor else "beyond"
-        return report(CheckResult(name, PASSED, f"error {err:+.1%} against a floor of {floor:.1%}: {verdict} "
-                                                "what one block of this host can miss by"))
-    return report(CheckResult(name, FAILED, "; ".join(wrong) + ". The error is your Exercise 1 prediction ÷ the "
-                              "live median TTFT of the same block − 1 (signed); the floor is |median TTFT of the "
-                              "rate's other block ÷ that block's − 1|, from the same deployment's live run."))
+    return check_pair(name, value, expected, labels=("prediction error", "floor of one block"),
+                      pair="error, floor", variables="prediction_error and block_floor", fmt="+.6g", abs_tol=1e-12,
+                      passed="error {0:+.1%} against a floor of {1:.1%}: "
+                             + ("within" if abs(expected[0]) <= expected[1] else "beyond")
+                             + " what one block of this host can miss by",
+                      hint="The error is your Exercise 1 prediction ÷ the live median TTFT of the same block − 1 "
+                           "(signed); the floor is |median TTFT of the rate's other block ÷ that block's − 1|, from "
+                           "the same deployment's live run.")
 
