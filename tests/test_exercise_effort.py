@@ -81,15 +81,20 @@ def _core_call(node: ast.AST, block_assigns: dict[str, ast.AST] | None = None, d
     return name
 
 
-def one_call_answer(code: str, variables: list[str], page_names: set[str]) -> str | None:
-    """The helper named on the page that answers ``variables`` in one call in ``code``, or None."""
-    tree = ast.parse(textwrap.dedent(code))
+def top_level_assigns(code: str) -> dict[str, ast.AST]:
+    """Each name a top-level ``name = value`` of ``code`` assigns, mapped to its value (the last one)."""
     assigns: dict[str, ast.AST] = {}
-    for stmt in tree.body:
+    for stmt in ast.parse(textwrap.dedent(code)).body:
         if isinstance(stmt, ast.Assign):
             for target in stmt.targets:
                 if isinstance(target, ast.Name):
                     assigns[target.id] = stmt.value
+    return assigns
+
+
+def one_call_answer(code: str, variables: list[str], page_names: set[str]) -> str | None:
+    """The helper named on the page that answers ``variables`` in one call in ``code``, or None."""
+    assigns = top_level_assigns(code)
     for var in variables:
         if var in assigns:
             name = _core_call(assigns[var], assigns)
@@ -128,13 +133,7 @@ def _lookup_of(node: ast.AST, block_assigns: dict[str, ast.AST], depth: int = 0)
 def one_attribute_answer(code: str, variables: list[str], built: set[str]) -> str | None:
     """``obj.attr`` when the answer to one of ``variables`` in ``code`` is one attribute, property or
     constant-key lookup of ``obj``, a name in ``built`` (assigned by the student copy's code), else None."""
-    tree = ast.parse(textwrap.dedent(code))
-    assigns: dict[str, ast.AST] = {}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign):
-            for target in stmt.targets:
-                if isinstance(target, ast.Name):
-                    assigns[target.id] = stmt.value
+    assigns = top_level_assigns(code)
     for var in variables:
         if var in assigns:
             found = _lookup_of(assigns[var], {k: v for k, v in assigns.items() if k != var})
