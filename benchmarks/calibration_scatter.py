@@ -5,7 +5,8 @@ KV link. If two calibrations taken a minute apart on an unchanged engine differ 
 live run's blocks do, the prediction's error is partly the probe's. This script starts the
 engine as lab 05 does (one colocated vLLM server, with its API server, on core 0 of a CPU host),
 runs lab 05's probe plan twice in a row with different prompt text (:func:`pdlab.simreal.probes.calibrate`,
-the plan of ``--profile`` without the pair-only admission probe), then, with ``--link``, starts the pair and
+the plan of ``--profile`` without the pair-only admission probe) and, on a CPU, its front-end probe twice
+(:func:`pdlab.simreal.probes.frontend.probe_front_end_core`), then, with ``--link``, starts the pair and
 probes the hand-off twice (each fitted beside its own engine calibration,
 :func:`pdlab.simreal.predict.with_link`, as lab 05 fits it). It prints the two calibrations coefficient by
 coefficient (:func:`pdlab.simreal.compare.calibration_differences`): each coefficient, the times
@@ -34,6 +35,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="ci", choices=["smoke", "ci", "full"], help="lab 05's probe plan")
     ap.add_argument("--no-link", action="store_true", help="skip the pair and its two hand-off probes")
+    ap.add_argument("--no-front-end", action="store_true", help="skip the two front-end probes (CPU only)")
+    ap.add_argument("--front-end-rates", type=float, nargs="+", default=[2.5, 7.5],
+                    help="the front-end probe's rates (req/s; lab 05's at ci are about these)")
     ap.add_argument("--seed", type=int, default=0, help="the first calibration's probe seed (lab 05's); the second "
                     f"uses seed + {SECOND_SEED_OFFSET}")
     ap.add_argument("--json", help="also write the rows to this JSON file")
@@ -49,6 +53,7 @@ def main() -> None:
     from pdlab.simreal.compare import calibration_differences
     from pdlab.simreal.predict import with_link
     from pdlab.simreal.probes import PROBE_PLANS, calibrate
+    from pdlab.simreal.probes.frontend import probe_front_end_core
 
     plan = replace(PROBE_PLANS[args.profile], admission=False)
     server_kw = dict(max_model_len=2048 + 64 + 16, max_num_seqs=128, max_num_batched_tokens=2048)
@@ -58,17 +63,23 @@ def main() -> None:
     with colocated(tiny_model_dir(), port=free_port(), **place, **server_kw) as dep:
         # the second calibration's prompts differ from the first's: the same text would hit vLLM's prefix cache
         cals = [calibrate(dep.url, plan=plan, seed=args.seed + k * SECOND_SEED_OFFSET) for k in range(2)]
+        if device == "cpu" and not args.no_front_end:   # lab 05's front-end probe, twice, at its per-engine rates
+            cals = [replace(c, front_end_core=probe_front_end_core(
+                dep.url, dep.front_end_pids(), rates_rps=tuple(args.front_end_rates),
+                requests_per_rate=plan.front_end_requests, seed=args.seed + k * SECOND_SEED_OFFSET))
+                for k, c in enumerate(cals)]
     print(f"two engine calibrations, plan {args.profile}: {cals[0].seconds:.0f} s and {cals[1].seconds:.0f} s of "
           f"probes ({time.perf_counter() - t0:.0f} s with start-up)")
     if not args.no_link:
         with disaggregated(tiny_model_dir(), ports=DeployPorts.free(), **server_kw) as dep:
-            cals = [with_link(c, probe_handoff(dep.url, plan.handoff_lengths, repeats=plan.repeats,
+            cals = [with_link(c, probe_handoff(dep.url, plan.handoff_lengths, repeats=plan.handoff_repeats,
+                                               warmup=plan.warmup_passes,
                                                seed=args.seed + k * SECOND_SEED_OFFSET)) for k, c in enumerate(cals)]
     rows = calibration_differences(*cals)
     table = pd.DataFrame(rows).set_index("coefficient")
     with pd.option_context("display.width", 140, "display.float_format", "{:.4g}".format):
         print(table)
-    derived = [r for r in rows if r["coefficient"].startswith(("prefill of", "decode step"))]
+    derived = [r for r in rows if r["coefficient"].startswith(("prefill of", "decode step", "hand-off of", "front end at"))]
     print(f"largest |relative difference| of the times the rows give: "
           f"{max(abs(r['rel_diff']) for r in derived):.1%}")
     verdict = repo_root() / "build" / "lab05" / args.profile / "verdict.json"

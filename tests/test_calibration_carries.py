@@ -98,15 +98,16 @@ def test_one_calibration_simulates_every_deployment_of_its_engine(tmp_path, caps
     assert one > 2 * lone, "the rate must load one engine"
     assert two < 0.5 * one
     assert runs["chunked"] == runs["one engine"]
-    # the front ends on the replicas' cores slow them: u = 0.05 + 6 req/s × 10 ms = 0.11 of each core
+    # the front ends on the replicas' cores slow them: prefill by u = 0.05 + 6 req/s × 10 ms = 0.11 of each
+    # core, decode by its per-request part, 6 req/s × 10 ms = 0.06
     assert runs["two replicas, front ends on their cores"]["tpot_p50_s"] > runs["two replicas round robin"]["tpot_p50_s"]
     lone_fe = replay([Request(0, 0.0, 512, 32), Request(1, 1.0, 512, 32)],
                      Deployment("colocated", instances=2, front_end_shares_core=True), cal)[0]
     lone_plain = replay([Request(0, 0.0, 512, 32), Request(1, 1.0, 512, 32)], Deployment("colocated", instances=2),
                         cal)[0]
-    u = 0.05 + 0.5 * 0.01          # 1 req/s over two engines
+    # 1 req/s over two engines: decode pays the per-request CPU only (its streaming is in the decode probe)
     assert lone_fe.finish_s - lone_fe.first_token_s == pytest.approx(
-        (lone_plain.finish_s - lone_plain.first_token_s) / (1 - u), rel=1e-9)
+        (lone_plain.finish_s - lone_plain.first_token_s) / (1 - 0.5 * 0.01), rel=1e-9)
 
 
 def test_a_calibrated_cpu_run_counts_cores(tmp_path, capsys):

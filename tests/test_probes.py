@@ -6,6 +6,7 @@ prefill passes, and a calibration end to end. The live probes run in lab 05 and 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from pdlab.metrics import RequestRecord
@@ -237,7 +238,8 @@ def test_calibrate_two_servers_probes_decode_there_and_records_contention(monkey
                             decode_alone_s=0.01, decode_busy_s=0.012, prefill_background="16 streams decoding")
     monkeypatch.setattr(pair_probes, "probe_contention", lambda url, decode_url, **kw: times)
     plan = ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 8), decode_prompts=(32, 128),
-                     decode_tokens=16, repeats=1, decode_repeats=1, max_probe_tokens=2048, prefill_passes=2)
+                     decode_tokens=16, repeats=1, decode_repeats=1, max_probe_tokens=2048, prefill_passes=2,
+                     warmup_passes=0)
     res = calibrate("http://p", plan=plan, decode_url="http://d")
     measured = contention_from(times)
     assert (measured.prefill, measured.decode) == pytest.approx((0.1, 0.2))
@@ -250,6 +252,31 @@ def test_calibrate_two_servers_probes_decode_there_and_records_contention(monkey
     assert list(res.latency.prefill) == pytest.approx(PRE, rel=1e-6)
     with pytest.raises(ValueError, match="unknown probe plan"):
         calibrate("http://p", plan="nope")
+
+
+def test_calibrate_warms_up_untimed_before_it_probes(monkeypatch):
+    """A warm-up pass sends the plan's prefill lengths and decode pairs first, with other prompt
+    text, and leaves the fit as it was without it."""
+    plan = ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 8), decode_prompts=(32, 128),
+                     decode_tokens=16, repeats=1, decode_repeats=1, max_probe_tokens=2048, prefill_passes=1,
+                     stall_rounds=0, warmup_passes=0)
+    monkeypatch.setattr(pair_probes, "probe_contention", lambda url, decode_url, **kw: ContentionTimes(
+        prompt_tokens=1024, decode_streams=16, prefill_alone_s=0.2, prefill_busy_s=0.2, decode_alone_s=0.01,
+        decode_busy_s=0.01, prefill_background="16 streams decoding"))
+    fits = {}
+    for warm in (0, 1):
+        engine, seeds = _ScriptedEngine(), []
+        monkeypatch.setattr(probes, "bench_records", lambda url, reqs, *, seed, **kw: (
+            seeds.append(seed), engine(url, reqs, seed=seed, **kw))[1])
+        fits[warm] = calibrate("http://p", plan=replace(plan, warmup_passes=warm), decode_url="http://d")
+        timed = ["http://p"] + ["http://d"] * 4
+        assert [c[0] for c in engine.calls] == timed * (1 + warm)
+        if warm:   # other prompt text: a prompt seen before would hit the prefix cache
+            assert not set(seeds[:5]) & set(seeds[5:])
+    assert list(fits[1].latency.prefill) == pytest.approx(list(fits[0].latency.prefill), rel=1e-9)
+    assert list(fits[1].latency.decode) == pytest.approx(list(fits[0].latency.decode), rel=1e-9)
+    with pytest.raises(ValueError, match="warmup_passes must be >= 0"):
+        replace(plan, warmup_passes=-1).check()
 
 
 def _admission_engine(monkeypatch, *, cold_step_s: float, step_s: float, context: int | None):
@@ -429,3 +456,24 @@ def test_handoff_points_become_the_fit_rows_with_the_leg_only_where_the_proxy_ti
                     {"tokens": 513, "ttft_s": 0.2, "samples": 3}]
     with pytest.raises(TypeError, match="probe_prefill or probe_decode"):
         step_points([HandoffPoint(33, 0.05, 3)])
+
+
+def test_probe_handoff_warms_up_untimed_with_other_text(monkeypatch):
+    """The warm-up pass sends each length once before the timed ones; its slow answers are not in
+    the points, and its prompt text differs from theirs."""
+    calls = []
+
+    def bench(url, requests, *, seed, max_concurrency=None, **kwargs):
+        calls.append((seed, sorted(r.prompt_tokens for r in requests)))
+        ttft = 1.0 if len(calls) == 1 else 0.02   # a cold pair's first hand-offs are slow
+        return [RequestRecord(r.request_id, 0.0, r.prompt_tokens, 1, first_token_s=ttft, finish_s=ttft,
+                              token_times_s=[ttft], server_prompt_tokens=r.prompt_tokens) for r in requests]
+
+    monkeypatch.setattr(probes, "bench_records", bench)
+    points = pair_probes.probe_handoff("http://proxy", [32, 512], repeats=3, warmup=1, seed=5)
+    assert calls[0][1] == [32, 512] and calls[1][1] == [32, 32, 32, 512, 512, 512]
+    assert calls[0][0] != calls[1][0]
+    assert [p.ttft_s for p in points] == [0.02, 0.02] and [p.samples for p in points] == [3, 3]
+    calls.clear()
+    pair_probes.probe_handoff("http://proxy", [32, 512], repeats=3, seed=5)
+    assert len(calls) == 1

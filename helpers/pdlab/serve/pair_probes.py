@@ -70,7 +70,7 @@ class AdmissionTimes:
     gaps_busy: int
 
 
-def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, seed: int = 0,
+def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, warmup: int = 0, seed: int = 0,
                   **bench_kwargs: Any) -> list[HandoffPoint]:
     """TTFT through a disaggregation proxy of single prompts, ``max_tokens=1``: one :class:`HandoffPoint`
     per length (medians), with the proxy's prefill leg where every request of the length carried one.
@@ -79,7 +79,12 @@ def probe_handoff(proxy_url: str, lengths: Sequence[int], *, repeats: int = 3, s
     decode server, which generates the first token the client sees. Subtracting the prefill leg
     (or, without one, the fitted prefill) and one decode step
     (:func:`pdlab.simreal.fit.fit_handoff`) leaves the hand-off: proxy, KV transfer, decode-side work.
+    ``warmup`` untimed passes over the lengths (other prompt text) go first: a fresh pair's first
+    hand-offs of each length are slower.
     """
+    if warmup:
+        warm = [Request(i, 0.0, int(n), 1) for i, n in enumerate(int(x) for x in lengths for _ in range(warmup))]
+        one.bench_records(proxy_url, warm, seed=seed + 8, max_concurrency=1, **bench_kwargs)
     order = [int(x) for x in lengths for _ in range(repeats)]
     np.random.default_rng(seed).shuffle(order)
     reqs = [Request(i, 0.0, n, 1) for i, n in enumerate(order)]

@@ -341,15 +341,17 @@ def prediction_floor(blocks: Mapping[float, Sequence[Sequence[RequestRecord]]], 
 
 
 def calibration_differences(first: Calibration, second: Calibration, *, prompt_tokens: Sequence[int] = (256, 1024),
-                            decode_points: Sequence[tuple[int, int]] = ((1, 256), (16, 512))) -> list[dict[str, Any]]:
+                            decode_points: Sequence[tuple[int, int]] = ((1, 256), (16, 512)),
+                            handoff_tokens: int = 512, front_end_rate_rps: float = 7.5) -> list[dict[str, Any]]:
     """Two calibrations of one engine compared coefficient by coefficient (a probe's own scatter
     when they ran back to back): one row per coefficient with its ``unit``, its value in each
     (``first``, ``second``, in that unit) and ``rel_diff`` = second ÷ first − 1 (NaN where the
     first is 0 or missing). Rows: the prefill row (a_p, b_p, c_p), the decode row (a_d, b_d, c_d),
-    the prefill stall's fixed cost and the KV link's (where both hold them), then the times the
-    rows give (what the replay uses; NNLS may trade one coefficient for another): a prefill of
-    each of ``prompt_tokens`` and a decode step of each (batch, context tokens per sequence) of
-    ``decode_points``."""
+    the prefill stall's fixed cost, the KV link's and the front end's on its core (where both hold
+    them), then what the replay uses (NNLS may trade one coefficient for another): a prefill of
+    each of ``prompt_tokens``, a decode step of each (batch, context tokens per sequence) of
+    ``decode_points``, a hand-off of ``handoff_tokens`` and the front end's share of its core at
+    ``front_end_rate_rps`` requests/s."""
     def row(name: str, unit: str, scale: float, a: float | None, b: float | None) -> dict[str, Any]:
         a = math.nan if a is None else float(a) * scale
         b = math.nan if b is None else float(b) * scale
@@ -365,10 +367,21 @@ def calibration_differences(first: Calibration, second: Calibration, *, prompt_t
     if first.kv_link is not None and second.kv_link is not None:
         rows += [row("link latency_s", "ms", 1e3, first.kv_link.latency_s, second.kv_link.latency_s),
                  row("link s_per_token", "µs/token", 1e6, first.kv_link.s_per_token, second.kv_link.s_per_token)]
+    fe, fe2 = first.front_end_core, second.front_end_core
+    if fe is not None and fe2 is not None:
+        rows += [row("front end base", "cores", 1, fe.base_cores, fe2.base_cores),
+                 row("front end CPU", "ms/request", 1e3, fe.cpu_s_per_request, fe2.cpu_s_per_request)]
     for n in prompt_tokens:
         rows.append(row(f"prefill of {n} tokens", "ms", 1e3, first.latency.prefill_time_s([n]),
                         second.latency.prefill_time_s([n])))
     for batch, ctx in decode_points:
         rows.append(row(f"decode step, {batch} × {ctx} tokens", "ms", 1e3, first.latency.decode_time_s([ctx] * batch),
                         second.latency.decode_time_s([ctx] * batch)))
+    if first.kv_link is not None and second.kv_link is not None:
+        rows.append(row(f"hand-off of {handoff_tokens} tokens", "ms", 1e3,
+                        first.kv_link.latency_s + handoff_tokens * first.kv_link.s_per_token,
+                        second.kv_link.latency_s + handoff_tokens * second.kv_link.s_per_token))
+    if fe is not None and fe2 is not None:
+        rows.append(row(f"front end at {front_end_rate_rps:g} req/s", "cores", 1, fe.share(front_end_rate_rps),
+                        fe2.share(front_end_rate_rps)))
     return rows

@@ -94,14 +94,22 @@ def with_prefill_core_load(latency: FittedLatency, run_fit: RunFit, requests: Se
 
 def with_front_end_core(latency: FittedLatency, share: CoreShare, requests: Sequence[Request], *,
                         engines: int = 1) -> FittedLatency:
-    """``latency`` (one engine's) with both rows stretched by ``1 / (1 − u)``: ``u`` = the share
-    of the engine's core its own front end takes (:class:`~pdlab.simreal.calibration.CoreShare`)
-    at the rate through the engine, the requests' rate (:func:`arrival_rate_rps`) over ``engines``
-    engines of its kind. ValueError when ``u`` >= 1."""
-    u = share.share(arrival_rate_rps(requests) / engines)
-    k = _stretch(u, "a front end on its engine's core",
-                 f"{share.base_cores:.2f} cores + {share.cpu_s_per_request * 1e3:.1f} ms of CPU per request")
-    return latency.derive(prefill_scale=k, decode_scale=k)
+    """``latency`` (one engine's) stretched by its own front end on its core, at the rate through
+    the engine (the requests' rate, :func:`arrival_rate_rps`, over ``engines`` engines of its kind).
+
+    - The prefill row by ``1 / (1 − u)``, ``u`` = :meth:`CoreShare.share
+      <pdlab.simreal.calibration.CoreShare.share>` (cores in flight + CPU per request × rate): the
+      prefill probe sends one 1-token prompt at a time, so its front end sat idle while it ran.
+    - The decode row by ``1 / (1 − r·c)``, the per-request CPU ``c`` alone (HTTP, tokenising new
+      arrivals): the decode probe streamed its tokens through the same front end on the same core,
+      so the in-flight part (``base_cores``, mostly streaming) is in the decode fit already.
+
+    ValueError when ``u`` >= 1."""
+    rate = arrival_rate_rps(requests) / engines
+    detail = f"{share.base_cores:.2f} cores + {share.cpu_s_per_request * 1e3:.1f} ms of CPU per request"
+    k_prefill = _stretch(share.share(rate), "a front end on its engine's core", detail)
+    k_decode = _stretch(rate * share.cpu_s_per_request, "a front end on its engine's core", detail)
+    return latency.derive(prefill_scale=k_prefill, decode_scale=k_decode)
 
 
 def engine_latency(calibration: Calibration) -> tuple[FittedLatency, float]:
@@ -352,7 +360,8 @@ def replay(requests: Sequence[Request], deployment: str | Deployment, calibratio
       prefill (:func:`engine_latency`) in colocated and prefill engines, the rest delaying each
       request before its engine; a pair's prefill core load stretches each prefill engine's row at
       the rate through it (:func:`with_prefill_core_load`); with the front ends on the engines'
-      cores, the calibration's ``front_end_core`` stretches every engine (:func:`with_front_end_core`).
+      cores, the calibration's ``front_end_core`` stretches every engine (:func:`with_front_end_core`:
+      prefill by the front end's whole share, decode by its per-request part).
     - Disaggregated: vLLM's proxy protocol — the prefill engine's token is discarded and decode
       generates all ``output_tokens``; each request is simulated with one more output token and its
       first token time is that of the first decode step (the token the client sees first).

@@ -20,7 +20,12 @@ class ProbePlan:
     KV one probe holds), each generating ``decode_tokens`` tokens, ``decode_repeats`` times; the
     step time is read while all ``b`` decode together (:func:`pdlab.serve.probes.probe_decode`), so the pairs can
     cover the batches and contexts a workload reaches, not only prompts that fit one prefill step. Hand-off: each of ``handoff_lengths``
-    ``repeats`` times through the proxy. Contention (two servers only): prefills of
+    ``handoff_repeats`` times through the proxy. Front end on its core (lab 05, CPU):
+    ``front_end_requests`` requests at each of its rates (:func:`pdlab.simreal.probes.frontend.probe_front_end_core`).
+    Warm-up: ``warmup_passes`` untimed passes of the prefill lengths and decode pairs (and of the
+    hand-off lengths, where lab 05 probes them), other prompt text, before anything is timed: on a freshly started CPU engine the first calibration of two
+    back to back came out 11–27 % slower than the second on every prefill and decode time
+    (``benchmarks/calibration_scatter.py``), the engine's first runs of each batch shape. Contention (two servers only): prefills of
     ``contention_prompt`` tokens and decode streams, each alone and while the other server works
     (:func:`pdlab.serve.pair_probes.probe_contention`). Prefill stall (one server only): ``stall_rounds`` rounds of
     ``stall_streams`` streams decoding while one prompt of each of ``stall_lengths`` is prefilled
@@ -47,6 +52,9 @@ class ProbePlan:
     stall_streams: int = 4
     stall_rounds: int = 2
     admission: bool = True
+    handoff_repeats: int = 3
+    front_end_requests: int = 40
+    warmup_passes: int = 1
 
     def decode_pairs(self) -> list[tuple[int, int]]:
         """(batch, prompt tokens) pairs that are probed."""
@@ -69,8 +77,13 @@ class ProbePlan:
             raise ValueError("the prefill stall probe needs stall_rounds >= 0 and, when it runs, stall_streams >= 1, "
                              f"stall_per_length >= 1 and some stall_lengths, got {self.stall_rounds}, "
                              f"{self.stall_streams}, {self.stall_per_length}, {self.stall_lengths}")
-        if self.repeats < 1 or self.decode_repeats < 1:
-            raise ValueError(f"repeats and decode_repeats must be >= 1, got {self.repeats}, {self.decode_repeats}")
+        if min(self.repeats, self.decode_repeats, self.handoff_repeats) < 1:
+            raise ValueError(f"repeats, decode_repeats and handoff_repeats must be >= 1, got {self.repeats}, "
+                             f"{self.decode_repeats}, {self.handoff_repeats}")
+        if self.warmup_passes < 0:
+            raise ValueError(f"warmup_passes must be >= 0, got {self.warmup_passes}")
+        if self.front_end_requests < 4:
+            raise ValueError(f"front_end_requests must be >= 4, got {self.front_end_requests}")
 
 
 #: Plans by profile: ``smoke`` (a few seconds), ``ci`` (about 20 s of probes on a quiet 2-core
@@ -79,10 +92,13 @@ PROBE_PLANS: dict[str, ProbePlan] = {
     # smoke's decode pairs reach 16 streams of 256 tokens: at (1, 8) × (32, 128) a busy machine's noise
     # could hide the batch cost altogether and leave a flat decode row
     "smoke": ProbePlan(prefill_lengths=(16, 256, 1024), decode_batches=(1, 16), decode_prompts=(32, 256),
-                       decode_tokens=16, handoff_lengths=(32, 512), repeats=1, decode_repeats=1,
-                       max_probe_tokens=4096, prefill_passes=1, stall_per_length=2, stall_rounds=1),
-    "ci": ProbePlan(),
+                       decode_tokens=16, handoff_lengths=(32, 512), repeats=1, decode_repeats=1, handoff_repeats=1,
+                       front_end_requests=20, warmup_passes=0, max_probe_tokens=4096, prefill_passes=1,
+                       stall_per_length=2, stall_rounds=1),
+    # ci: sized so that two calibrations back to back differ by less than lab 05's block scatter
+    # (benchmarks/calibration_scatter.py); each probe's median is over 5 prefills, 3 decode runs, 6 hand-offs
+    "ci": ProbePlan(repeats=5, decode_repeats=3, handoff_repeats=6),
     "full": ProbePlan(prefill_lengths=(16, 128, 512, 1024, 2048, 4096, 8192), decode_batches=(1, 8, 32, 64, 128),
                       decode_prompts=(128, 1024), decode_tokens=128, handoff_lengths=(128, 1024, 4096),
-                      repeats=5, decode_repeats=3, max_probe_tokens=131072),
+                      repeats=5, decode_repeats=3, handoff_repeats=5, max_probe_tokens=131072),
 }

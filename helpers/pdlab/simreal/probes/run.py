@@ -116,7 +116,8 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
     costs the streams it decodes (:func:`pdlab.serve.probes.probe_prefill_stall`, fitted by
     :func:`~pdlab.simreal.fit.fit_prefill_stall`: ``prefill_stall``), where the plan has stall rounds;
     its streams decode long enough, by the decode fit, to span every prefill (at most the server's
-    context less the prompt). ``plan`` is a :class:`ProbePlan` or a key of :data:`PROBE_PLANS`.
+    context less the prompt). ``plan`` is a :class:`ProbePlan` or a key of :data:`PROBE_PLANS`; its
+    ``warmup_passes`` run first, untimed.
     """
     if isinstance(plan, str):
         if plan not in PROBE_PLANS:
@@ -124,12 +125,17 @@ def calibrate(url: str, *, plan: ProbePlan | str = "ci", decode_url: str | None 
         plan = PROBE_PLANS[plan]
     plan.check()
     t0 = time.perf_counter()
+    for k in range(plan.warmup_passes):     # untimed: the engine's first runs of each shape are slower
+        live.probe_prefill(url, plan.prefill_lengths, repeats=1, seed=seed + 10 + 2 * k, **bench_kwargs)
+        live.probe_decode(decode_url or url, plan.decode_pairs(), output_tokens=plan.decode_tokens, repeats=1,
+                          seed=seed + 11 + 2 * k, **bench_kwargs)
     first = live.probe_prefill(url, plan.prefill_lengths, repeats=plan.repeats, seed=seed, **bench_kwargs)
     dec = step_points(live.probe_decode(decode_url or url, plan.decode_pairs(), output_tokens=plan.decode_tokens,
                                         repeats=plan.decode_repeats, seed=seed + 1, **bench_kwargs))
     handoff: list[dict[str, float]] = []
     if proxy_url:
-        handoff = handoff_rows(pair.probe_handoff(proxy_url, plan.handoff_lengths, repeats=plan.repeats,
+        handoff = handoff_rows(pair.probe_handoff(proxy_url, plan.handoff_lengths, repeats=plan.handoff_repeats,
+                                                  warmup=plan.warmup_passes,
                                                   seed=seed + 2, **bench_kwargs))
     contention = admission = None
     if decode_url and decode_url != url:
