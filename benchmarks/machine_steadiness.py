@@ -1,8 +1,8 @@
 """Does this machine run the same work at the same speed from one window to the next?
 
-Lab 05 cuts a run's quiet decode steps into windows of a few seconds (``step_ratio_windows``) and
-finds the live ÷ fitted step moving by 10–15% from one 10-s window to the next, with no trend,
-on a machine whose steal time stays near zero. Before any model is blamed, this benchmark asks
+Cut into windows of a few seconds, a live run's quiet decode steps on this machine moved by 10–15%
+against the fitted step from one 10-s window to the next, with no trend, while steal time stayed
+near zero (``notes/host/``). Before any model is blamed, this benchmark asks
 whether the bare machine does the same: with no server running, one process pinned to one core
 repeats two fixed kernels for ``--seconds`` seconds per core and prints, per window of
 ``--window`` seconds, the median time of each kernel relative to the run's median:
@@ -12,9 +12,10 @@ repeats two fixed kernels for ``--seconds`` seconds per core and prints, per win
 - ``copy``: copying a 64 MiB array (memory-bandwidth-bound, like a decode step of a large model).
 
 It also prints the machine's busy and stolen CPU over each core's run (``/proc/stat``), so that a
-slow window can be told from a busy machine. The check itself is ``pdlab.serve.measure.hostcheck``, which
-labs 01 and 05 also run, shorter, before and after their live runs. If the bare kernels move by as much as lab 05's
-windows, that movement is the host's, and no fit of the engine can predict a run more closely.
+slow window can be told from a busy machine. The check itself is ``pdlab.serve.measure.hostcheck``,
+which the appendix of lab 01 also runs, shorter, before and after its colocated server. If the bare
+kernels move by as much as those windows, that movement is the host's, and no fit of the engine can
+predict a run more closely.
 
     .venv/bin/python benchmarks/machine_steadiness.py [--seconds 60] [--window 5] [--cores 0,1]
 
