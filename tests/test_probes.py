@@ -266,7 +266,7 @@ def test_calibrate_warms_up_untimed_before_it_probes(monkeypatch):
     fits = {}
     for warm in (0, 1):
         engine, seeds = _ScriptedEngine(), []
-        monkeypatch.setattr(probes, "bench_records", lambda url, reqs, *, seed, **kw: (
+        monkeypatch.setattr(probes, "bench_records", lambda url, reqs, *, seed, engine=engine, seeds=seeds, **kw: (
             seeds.append(seed), engine(url, reqs, seed=seed, **kw))[1])
         fits[warm] = calibrate("http://p", plan=replace(plan, warmup_passes=warm), decode_url="http://d")
         timed = ["http://p"] + ["http://d"] * 4

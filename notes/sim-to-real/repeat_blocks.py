@@ -26,7 +26,6 @@ def main() -> None:
     from dataclasses import replace
 
     import numpy as np
-
     from pdlab.metrics import tpot_s, ttft_s
     from pdlab.process import free_port
     from pdlab.serve.client.bench import build_workload, run_bench

@@ -23,9 +23,10 @@ class ProbePlan:
     ``handoff_repeats`` times through the proxy. Front end on its core (lab 05, CPU):
     ``front_end_requests`` requests at each of its rates (:func:`pdlab.simreal.probes.frontend.probe_front_end_core`).
     Warm-up: ``warmup_passes`` untimed passes of the prefill lengths and decode pairs (and of the
-    hand-off lengths, where lab 05 probes them), other prompt text, before anything is timed: on a freshly started CPU engine the first calibration of two
-    back to back came out 11–27 % slower than the second on every prefill and decode time
-    (``benchmarks/calibration_scatter.py``), the engine's first runs of each batch shape. Contention (two servers only): prefills of
+    hand-off lengths, where lab 05 probes them), with other prompt text, before anything is timed:
+    without one, the first of two calibrations back to back on a freshly started CPU engine came
+    out 11–27 % slower than the second on every prefill and decode time
+    (``benchmarks/calibration_scatter.py``). Contention (two servers only): prefills of
     ``contention_prompt`` tokens and decode streams, each alone and while the other server works
     (:func:`pdlab.serve.pair_probes.probe_contention`). Prefill stall (one server only): ``stall_rounds`` rounds of
     ``stall_streams`` streams decoding while one prompt of each of ``stall_lengths`` is prefilled
@@ -95,8 +96,9 @@ PROBE_PLANS: dict[str, ProbePlan] = {
                        decode_tokens=16, handoff_lengths=(32, 512), repeats=1, decode_repeats=1, handoff_repeats=1,
                        front_end_requests=20, warmup_passes=0, max_probe_tokens=4096, prefill_passes=1,
                        stall_per_length=2, stall_rounds=1),
-    # ci: sized so that two calibrations back to back differ by less than lab 05's block scatter
-    # (benchmarks/calibration_scatter.py); each probe's median is over 5 prefills, 3 decode runs, 6 hand-offs
+    # ci: each point's median over 5 prefills, 3 decode runs, 6 hand-offs; two calibrations a minute apart
+    # still differ by 10-24 % on single-stream times, the engine's own speed from one minute to the next
+    # (benchmarks/calibration_scatter.py), about the block scatter of lab 05's runs
     "ci": ProbePlan(repeats=5, decode_repeats=3, handoff_repeats=6),
     "full": ProbePlan(prefill_lengths=(16, 128, 512, 1024, 2048, 4096, 8192), decode_batches=(1, 8, 32, 64, 128),
                       decode_prompts=(128, 1024), decode_tokens=128, handoff_lengths=(128, 1024, 4096),
