@@ -184,7 +184,6 @@ class HeldOut(ErrorRows):
     rows: tuple[Mapping[str, Any], ...]
 
 
-
 def heldout_validation(probe: Calibration, live: Mapping[float, Sequence[RequestRecord]], mode: str, *,
                        fit: Callable[[Calibration, float], Calibration] | None = None, boot: int = 1000,
                        seed: int = 0, **sim_options: Any) -> HeldOut:
